@@ -1,0 +1,35 @@
+"""Validation of SQL identifiers and the idempotency keys every sink, sensor and check shares."""
+
+from __future__ import annotations
+
+import re
+
+from onceflow.errors import ConfigurationError
+
+_PG_MAX_IDENTIFIER_BYTES = 63
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def check_identifier(name: str, what: str) -> str:
+    """Return `name` if it is a safe SQL identifier that PostgreSQL will not truncate."""
+    if not _NAME.match(name):
+        raise ConfigurationError(
+            f"{what} {name!r} is not a plain identifier: use letters, digits and underscores, "
+            "starting with a letter or underscore."
+        )
+    if len(name.encode()) > _PG_MAX_IDENTIFIER_BYTES:
+        raise ConfigurationError(
+            f"{what} {name[:20]!r}… is {len(name.encode())} bytes long; PostgreSQL truncates names "
+            f"past {_PG_MAX_IDENTIFIER_BYTES} bytes, so two long names could meet. Shorten it."
+        )
+    return name
+
+
+def delta_app_id(job: str, sink: str) -> str:
+    """The Delta application-transaction id under which `sink` records a job's windows."""
+    return f"onceflow/{job}/{sink}"
+
+
+def restate_app_id(job: str, sink: str) -> str:
+    """The Delta application-transaction id that records restatements of windows."""
+    return f"onceflow/{job}/{sink}/restate"

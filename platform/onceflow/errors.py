@@ -1,0 +1,56 @@
+"""The onceflow error hierarchy: each error says whether retrying can help."""
+
+from __future__ import annotations
+
+
+class OnceflowError(Exception):
+    """Base of every onceflow error.
+
+    `retryable` tells a retry loop (and Dagster's run retries) whether the same call can succeed
+    later without anyone changing anything.
+    """
+
+    retryable: bool = False
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __reduce__(self) -> tuple[type[OnceflowError], tuple[str]]:
+        return (type(self), (self.message,))
+
+
+class ConfigurationError(OnceflowError):
+    """Settings or a job definition are wrong; fix them and run again."""
+
+
+class SourceError(OnceflowError):
+    """The source cannot give the records a window needs (missing or changed input)."""
+
+
+class SinkError(OnceflowError):
+    """A sink refused or failed a write."""
+
+
+class TransientSinkError(SinkError):
+    """A sink failed in a way that a later attempt can get past (connection lost, conflict)."""
+
+    retryable = True
+
+
+class FencedError(OnceflowError):
+    """A newer run of the same job has taken over; this run must stop without writing."""
+
+
+class CommitUnknownError(SinkError):
+    """A commit's outcome could not be decided within the time allowed; nothing is assumed."""
+
+    retryable = True
+
+
+class LedgerError(OnceflowError):
+    """The ledger and the sinks disagree in a way the job cannot repair by itself."""
+
+
+class UnverifiableWindowError(OnceflowError):
+    """A window's input is gone, so its expected output cannot be recomputed."""

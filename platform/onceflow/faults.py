@@ -1,0 +1,50 @@
+"""Named fault points for crash tests: `ONCEFLOW_FAULT=point[@window][:action]`.
+
+With no `ONCEFLOW_FAULT` set, `point` is a dictionary lookup and nothing else. The actions are
+real signals sent by the process to itself: `kill` (SIGKILL, the default) and `stop` (SIGSTOP:
+the process freezes until someone sends SIGCONT, a zombie run).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+POINTS = (
+    "plan",  # inside the ledger transaction that plans a window, before its COMMIT
+    "before_sinks",  # window planned and its output staged, before any sink write
+    "after_delta",  # after the Delta commit, before the PostgreSQL sinks
+    "before_pg_commit",  # PostgreSQL sink transaction ready, COMMIT not yet sent
+    "pg_commit_sent",  # COMMIT sent to PostgreSQL, its answer not read
+    "after_commits",  # every sink committed, ledger not yet told
+)
+
+
+def _parse(spec: str) -> tuple[str, int | None, str]:
+    action = "kill"
+    if ":" in spec:
+        spec, action = spec.split(":", 1)
+    window: int | None = None
+    if "@" in spec:
+        spec, at = spec.split("@", 1)
+        window = int(at)
+    return spec, window, action
+
+
+def point(name: str, window_id: int | None = None) -> None:
+    """Fire the configured fault if this is its point (and window)."""
+    spec = os.environ.get("ONCEFLOW_FAULT")
+    if not spec:
+        return
+    want, window, action = _parse(spec)
+    if want != name or (window is not None and window != window_id):
+        return
+    sys.stderr.write(f"onceflow: fault injected at {name} (window {window_id}): {action}\n")
+    sys.stderr.flush()
+    if action == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+        # Resumed: only once, so the woken run goes on as a zombie would.
+        os.environ.pop("ONCEFLOW_FAULT", None)
+        return
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,181 @@
+"""The reference job `payments`: JSON-lines payments into Delta and PostgreSQL."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING
+
+from onceflow.job import DeltaSink, Dedupe, Job, PostgresSink, WindowContext
+from onceflow.jobs._payments_rules import Invalid, Payment, parse_payment_line
+from onceflow.sources.landing import LandingSource
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame
+
+PARSED_SCHEMA = (
+    "_file_idx INT, _source_file STRING, _source_line BIGINT, payment_id STRING, "
+    "merchant_id STRING, customer_id STRING, amount_cents BIGINT, currency STRING, "
+    "created_at TIMESTAMP, _raw_text STRING, _reason STRING"
+)
+
+PAYMENT_COLUMNS = {
+    "payment_id": "text",
+    "merchant_id": "text",
+    "customer_id": "text",
+    "amount_cents": "bigint",
+    "currency": "text",
+    "created_at": "timestamptz",
+    "_window_id": "bigint",
+    "_source_file": "text",
+    "_source_line": "bigint",
+}
+
+
+def _raw_text(raw: bytes) -> str:
+    # PostgreSQL text cannot hold NUL; keep everything else as it came.
+    return raw.decode("utf-8", errors="backslashreplace").replace("\x00", "\\x00")
+
+
+def _parse_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    import pyarrow as pa
+
+    for batch in batches:
+        cols: dict[str, list] = {
+            "_file_idx": [], "_source_file": [], "_source_line": [], "payment_id": [],
+            "merchant_id": [], "customer_id": [], "amount_cents": [], "currency": [],
+            "created_at": [], "_raw_text": [], "_reason": [],
+        }  # fmt: skip
+        data = batch.to_pydict()
+        for idx, path, line, raw in zip(
+            data["_file_idx"], data["_source_file"], data["_source_line"], data["_raw"],
+            strict=True,
+        ):
+            parsed = parse_payment_line(raw)
+            if parsed is None:
+                continue
+            cols["_file_idx"].append(idx)
+            cols["_source_file"].append(path)
+            cols["_source_line"].append(line)
+            if isinstance(parsed, Payment) and not any(
+                "\x00" in v
+                for v in (parsed.payment_id, parsed.merchant_id, parsed.customer_id)
+            ):
+                for name in ("payment_id", "merchant_id", "customer_id", "amount_cents",
+                             "currency", "created_at"):  # fmt: skip
+                    cols[name].append(getattr(parsed, name))
+                cols["_raw_text"].append(None)
+                cols["_reason"].append(None)
+            else:
+                reason = (
+                    parsed.reason if isinstance(parsed, Invalid) else "NUL character in an id"
+                )
+                for name in ("payment_id", "merchant_id", "customer_id", "amount_cents",
+                             "currency", "created_at"):  # fmt: skip
+                    cols[name].append(None)
+                cols["_raw_text"].append(_raw_text(raw))
+                cols["_reason"].append(reason)
+        yield pa.RecordBatch.from_pydict(cols, schema=_ARROW_SCHEMA)
+
+
+def _arrow_schema() -> pa.Schema:
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            ("_file_idx", pa.int32()),
+            ("_source_file", pa.string()),
+            ("_source_line", pa.int64()),
+            ("payment_id", pa.string()),
+            ("merchant_id", pa.string()),
+            ("customer_id", pa.string()),
+            ("amount_cents", pa.int64()),
+            ("currency", pa.string()),
+            ("created_at", pa.timestamp("us", tz="UTC")),
+            ("_raw_text", pa.string()),
+            ("_reason", pa.string()),
+        ]
+    )
+
+
+_ARROW_SCHEMA = _arrow_schema()
+
+
+def parse_payments(raw: DataFrame) -> DataFrame:
+    """Raw lines → one row per non-blank line: the payment's fields, or `_reason` if invalid."""
+    return raw.mapInArrow(_parse_batches, PARSED_SCHEMA)
+
+
+def transform_payments(valid: DataFrame, ctx: WindowContext) -> Mapping[str, DataFrame]:
+    """Valid, first-occurrence payments → the `payments` rows and the balance deltas."""
+    from pyspark.sql import functions as F
+
+    payments = valid.select(
+        "payment_id",
+        "merchant_id",
+        "customer_id",
+        "amount_cents",
+        "currency",
+        "created_at",
+        F.lit(ctx.window_id).cast("bigint").alias("_window_id"),
+        "_source_file",
+        "_source_line",
+    )
+    balances = payments.groupBy("merchant_id", "currency").agg(
+        # decimal(38,0): a window's sum of 64-bit amounts cannot overflow on the way.
+        F.sum(F.col("amount_cents").cast("decimal(38,0)")).alias("total_cents"),
+        F.count(F.lit(1)).cast("bigint").alias("payment_count"),
+    )
+    return {"payments": payments, "balances": balances}
+
+
+PAYMENTS = Job(
+    name="payments",
+    description="Payments from JSON-lines landing files into Delta and PostgreSQL, exactly once.",
+    source=LandingSource(folder="payments", suffix=".jsonl"),
+    parse=parse_payments,
+    transform=transform_payments,
+    dedupe=Dedupe(key=("payment_id",), state_sink="lake_payments"),
+    sinks=(
+        DeltaSink(name="lake_payments", output="payments", table="payments"),
+        PostgresSink(
+            name="pg_payments",
+            output="payments",
+            table="payments",
+            columns=PAYMENT_COLUMNS,
+            key=("payment_id",),
+            mode="upsert",
+        ),
+        PostgresSink(
+            name="pg_merchant_balances",
+            output="balances",
+            table="merchant_balances",
+            columns={
+                "merchant_id": "text",
+                "currency": "text",
+                "total_cents": "bigint",
+                "payment_count": "bigint",
+            },
+            key=("merchant_id", "currency"),
+            mode="accumulate",
+            accumulate=("total_cents", "payment_count"),
+        ),
+        PostgresSink(
+            name="pg_quarantine",
+            output="quarantine",
+            schema="onceflow",
+            table="quarantine",
+            columns={
+                "job": "text",
+                "window_id": "bigint",
+                "source_file": "text",
+                "source_line": "bigint",
+                "raw_line": "text",
+                "reason": "text",
+            },
+            key=("job", "source_file", "source_line"),
+            mode="upsert",
+        ),
+    ),
+    quarantine_sink="pg_quarantine",
+)

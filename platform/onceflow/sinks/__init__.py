@@ -1,0 +1,3 @@
+"""Sinks and their commit protocols: one module per kind of sink."""
+
+from __future__ import annotations

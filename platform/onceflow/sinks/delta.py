@@ -1,0 +1,349 @@
+"""The Delta commit protocol: one Delta commit per window, checked and made atomically.
+
+delta-rs records application transactions but never checks them on commit, so two writers can
+both commit the same window. Here the check (is the window's `txn` version already at or past
+this window? has a newer epoch fenced this run?) is made on a loaded snapshot, and the commit is
+made against that same snapshot with `max_commit_retries=0`: if anyone committed in between,
+ours fails with CommitFailedError, and we reload and check again.
+
+Executors write the Parquet data files straight into the table folder; the driver only reads
+their footers (row counts) and commits the add actions.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake.exceptions import CommitFailedError, TableNotFoundError
+from deltalake.transaction import AddAction, RemoveAction
+
+from onceflow._identifiers import delta_app_id
+from onceflow.errors import FencedError, SinkError
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+_log = logging.getLogger(__name__)
+
+META_PREFIX = "onceflow."
+
+
+@dataclass(frozen=True)
+class DeltaCommit:
+    """What a window's Delta commit did."""
+
+    version: int | None  # the table version holding the window; None if it was already there
+    rows: int
+    already_committed: bool
+
+
+def epoch_app_id(job: str, sink: str) -> str:
+    return f"{delta_app_id(job, sink)}/epoch"
+
+
+def _spark_schema_to_arrow(df: DataFrame) -> pa.Schema:
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(df.schema, timezone="UTC")
+
+
+class DeltaTableSink:
+    """The Delta side of one sink of one job."""
+
+    def __init__(self, job: str, sink: str, path: Path) -> None:
+        self.job = job
+        self.sink = sink
+        self.path = path
+        self.app_id = delta_app_id(job, sink)
+        self.epoch_app = epoch_app_id(job, sink)
+
+    # -- table --------------------------------------------------------------------------------
+
+    def exists(self) -> bool:
+        return DeltaTable.is_deltatable(str(self.path))
+
+    def table(self) -> DeltaTable:
+        try:
+            return DeltaTable(str(self.path))
+        except TableNotFoundError:
+            raise SinkError(
+                f"sink {self.sink}: Delta table {self.path} is missing; run the job to create it."
+            ) from None
+
+    def ensure_table(self, schema: pa.Schema) -> None:
+        if not self.exists():
+            self.path.mkdir(parents=True, exist_ok=True)
+            try:
+                DeltaTable.create(str(self.path), schema, mode="ignore", name=self.sink)
+            except Exception as exc:  # a concurrent creator is fine; anything else is not
+                if not self.exists():
+                    raise SinkError(
+                        f"sink {self.sink}: cannot create Delta table {self.path}: {exc}"
+                    ) from None
+
+    def committed_through(self) -> int:
+        """The highest window id this sink holds (0 if none)."""
+        if not self.exists():
+            return 0
+        return self.table().transaction_version(self.app_id) or 0
+
+    def fenced_by(self) -> int:
+        """The highest epoch that has claimed this table (0 if none)."""
+        if not self.exists():
+            return 0
+        return self.table().transaction_version(self.epoch_app) or 0
+
+    # -- commits ------------------------------------------------------------------------------
+
+    def claim_epoch(self, epoch: int) -> None:
+        """Record `epoch` in the table, so any commit of an older run fails from now on."""
+        while True:
+            table = self.table()
+            current = table.transaction_version(self.epoch_app) or 0
+            if current >= epoch:
+                if current > epoch:
+                    raise self._fenced(epoch, current)
+                return
+            try:
+                table.create_write_transaction(
+                    [],
+                    mode="append",
+                    schema=table.schema(),
+                    commit_properties=CommitProperties(
+                        custom_metadata={f"{META_PREFIX}epoch": str(epoch),
+                                         f"{META_PREFIX}job": self.job,
+                                         f"{META_PREFIX}sink": self.sink},
+                        max_commit_retries=0,
+                        app_transactions=[Transaction(self.epoch_app, epoch)],
+                    ),
+                )
+                return
+            except CommitFailedError:
+                continue
+
+    def write_files(self, df: DataFrame, window_id: int, epoch: int) -> list[AddAction]:
+        """Have the executors write `df` as Parquet into the table folder; return add actions."""
+        folder = f"w{window_id:010d}-e{epoch}-{uuid.uuid4().hex[:8]}"
+        target = self.path / folder
+        df.write.mode("errorifexists").option("compression", "snappy").parquet(str(target))
+        actions = []
+        now_ms = int(time.time() * 1000)
+        for file in sorted(target.glob("*.parquet")):
+            rows = pq.read_metadata(file).num_rows
+            if rows == 0:
+                file.unlink()
+                continue
+            actions.append(
+                AddAction(
+                    path=f"{folder}/{file.name}",
+                    size=file.stat().st_size,
+                    partition_values={},
+                    modification_time=now_ms,
+                    data_change=True,
+                    stats=json.dumps({"numRecords": rows}),
+                )
+            )
+        for litter in target.glob(".*.crc"):
+            litter.unlink(missing_ok=True)
+        return actions
+
+    def commit_window(
+        self,
+        df: DataFrame,
+        *,
+        window_id: int,
+        epoch: int,
+        run_id: str,
+        offsets: dict[str, Any],
+        exactly_once: bool = True,
+    ) -> DeltaCommit:
+        """Commit the window's rows in one Delta commit, unless the table already holds it."""
+        self.ensure_table(_spark_schema_to_arrow(df))
+        if exactly_once:
+            table = self.table()
+            self._check(table, window_id, epoch)
+            if (table.transaction_version(self.app_id) or 0) >= window_id:
+                return DeltaCommit(None, 0, True)
+        actions = self.write_files(df, window_id, epoch)
+        rows = sum(json.loads(a.stats)["numRecords"] for a in actions)
+        metadata = {
+            f"{META_PREFIX}job": self.job,
+            f"{META_PREFIX}sink": self.sink,
+            f"{META_PREFIX}window_id": str(window_id),
+            f"{META_PREFIX}epoch": str(epoch),
+            f"{META_PREFIX}run_id": run_id,
+            f"{META_PREFIX}offsets": json.dumps(offsets),
+            f"{META_PREFIX}rows": str(rows),
+        }
+        while True:
+            table = self.table()
+            if exactly_once:
+                if (table.transaction_version(self.app_id) or 0) >= window_id:
+                    self._discard(actions)
+                    return DeltaCommit(None, 0, True)
+                self._check(table, window_id, epoch)
+            try:
+                table.create_write_transaction(
+                    actions,
+                    mode="append",
+                    schema=table.schema(),
+                    commit_properties=CommitProperties(
+                        custom_metadata=metadata,
+                        max_commit_retries=0 if exactly_once else None,
+                        app_transactions=[
+                            Transaction(self.app_id, window_id),
+                            # The first commit of a run claims the table for its epoch too.
+                            Transaction(self.epoch_app, epoch),
+                        ],
+                    ),
+                )
+            except CommitFailedError:
+                continue  # someone committed in between: reload and decide again
+            table.update_incremental()
+            return DeltaCommit(table.version(), rows, False)
+
+    def replace_window(
+        self,
+        df: DataFrame,
+        *,
+        window_id: int,
+        epoch: int,
+        run_id: str,
+        restate_seq: int,
+    ) -> DeltaCommit:
+        """Replace every row of `window_id` by `df` in one commit (a restatement)."""
+        from onceflow._identifiers import restate_app_id
+
+        app = restate_app_id(self.job, self.sink)
+        actions = self.write_files(df, window_id, epoch)
+        rows = sum(json.loads(a.stats)["numRecords"] for a in actions)
+        while True:
+            table = self.table()
+            self._check(table, window_id, epoch, require_committed=True)
+            if (table.transaction_version(app) or 0) >= restate_seq:
+                self._discard(actions)
+                return DeltaCommit(None, 0, True)
+            removes, kept = self._rewrite_without_window(table, window_id, epoch)
+            try:
+                table.create_write_transaction(
+                    [*removes, *kept, *actions],
+                    mode="append",
+                    schema=table.schema(),
+                    commit_properties=CommitProperties(
+                        custom_metadata={
+                            f"{META_PREFIX}job": self.job,
+                            f"{META_PREFIX}sink": self.sink,
+                            f"{META_PREFIX}restated_window_id": str(window_id),
+                            f"{META_PREFIX}epoch": str(epoch),
+                            f"{META_PREFIX}run_id": run_id,
+                            f"{META_PREFIX}rows": str(rows),
+                        },
+                        max_commit_retries=0,
+                        app_transactions=[Transaction(app, restate_seq)],
+                    ),
+                )
+            except CommitFailedError:
+                self._discard(kept)
+                continue
+            table.update_incremental()
+            return DeltaCommit(table.version(), rows, False)
+
+    def _rewrite_without_window(
+        self, table: DeltaTable, window_id: int, epoch: int
+    ) -> tuple[list[RemoveAction], list[AddAction]]:
+        """Remove actions for files holding the window's rows, and new files with the rest."""
+        import pyarrow.compute as pc
+
+        removes: list[RemoveAction] = []
+        kept: list[AddAction] = []
+        now_ms = int(time.time() * 1000)
+        folder = f"r{window_id:010d}-e{epoch}-{uuid.uuid4().hex[:8]}"
+        for add in pa.table(table.get_add_actions(flatten=True)).to_pylist():
+            rel = add["path"]
+            data = pq.read_table(self.path / rel)
+            mask = pc.equal(data["_window_id"], window_id)
+            if not pc.any(mask).as_py():
+                continue
+            removes.append(
+                RemoveAction(
+                    path=rel,
+                    data_change=True,
+                    deletion_timestamp=now_ms,
+                    size=add["size_bytes"],
+                    partition_values={},
+                )
+            )
+            rest = data.filter(pc.invert(mask))
+            if rest.num_rows:
+                (self.path / folder).mkdir(exist_ok=True)
+                name = f"{folder}/part-{uuid.uuid4().hex}.parquet"
+                pq.write_table(rest, self.path / name)
+                kept.append(
+                    AddAction(
+                        path=name,
+                        size=(self.path / name).stat().st_size,
+                        partition_values={},
+                        modification_time=now_ms,
+                        data_change=True,
+                        stats=json.dumps({"numRecords": rest.num_rows}),
+                    )
+                )
+        return removes, kept
+
+    def _check(
+        self, table: DeltaTable, window_id: int, epoch: int, require_committed: bool = False
+    ) -> None:
+        claimed = table.transaction_version(self.epoch_app) or 0
+        if claimed > epoch:
+            raise self._fenced(epoch, claimed)
+        if require_committed and (table.transaction_version(self.app_id) or 0) < window_id:
+            raise SinkError(f"sink {self.sink}: window {window_id} is not committed; run it first.")
+
+    def _fenced(self, epoch: int, claimed: int) -> FencedError:
+        return FencedError(
+            f"job {self.job!r}: this run (epoch {epoch}) was fenced by a newer run (epoch "
+            f"{claimed}) on Delta table {self.sink}; it stopped without writing."
+        )
+
+    def _discard(self, actions: list[AddAction]) -> None:
+        folders = {Path(a.path).parts[0] for a in actions if "/" in a.path}
+        for folder in folders:
+            shutil.rmtree(self.path / folder, ignore_errors=True)
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def history(self) -> list[dict[str, Any]]:
+        """This job's window commits recorded in the table, oldest first."""
+        if not self.exists():
+            return []
+        out = []
+        for entry in self.table().history():
+            if entry.get(f"{META_PREFIX}job") == self.job and f"{META_PREFIX}window_id" in entry:
+                out.append(entry)
+        out.sort(key=lambda e: int(e[f"{META_PREFIX}window_id"]))
+        return out
+
+
+def read_delta(spark: SparkSession, path: Path, schema: str | None = None) -> DataFrame:
+    """Read a Delta table on Spark, distributed, from the files of its current snapshot."""
+    table = DeltaTable(str(path))
+    files = table.file_uris()
+    if not files:
+        arrow_schema = pa.schema(table.schema().to_arrow())
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        return spark.createDataFrame([], from_arrow_schema(arrow_schema))
+    reader = spark.read
+    if schema:
+        reader = reader.schema(schema)
+    return reader.parquet(*files)

@@ -1,0 +1,75 @@
+"""Session fixtures: one real PostgreSQL server and one Spark session per test process."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("DAGSTER_DISABLE_TELEMETRY", "1")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--test-dsn",
+        default=os.environ.get("ONCEFLOW_TEST_DSN"),
+        help="PostgreSQL DSN to test against (default: an embedded pgserver started once)",
+    )
+
+
+@pytest.fixture(scope="session")
+def pg_server_dsn(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """DSN of the session's PostgreSQL server (maintenance database)."""
+    given = request.config.getoption("--test-dsn")
+    if given:
+        return given
+    import pgserver
+
+    server = pgserver.get_server(tmp_path_factory.mktemp("pg"), cleanup_mode="stop")
+    return server.get_uri()
+
+
+@pytest.fixture()
+def pg_dsn(pg_server_dsn: str) -> Iterator[str]:
+    """A fresh, empty database for one test; dropped afterwards."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_server_dsn, autocommit=True) as conn:
+        conn.execute(psycopg.sql.SQL("CREATE DATABASE {}").format(psycopg.sql.Identifier(name)))
+    info = psycopg.conninfo.conninfo_to_dict(pg_server_dsn)
+    info["dbname"] = name
+    yield psycopg.conninfo.make_conninfo(**info)
+    with psycopg.connect(pg_server_dsn, autocommit=True) as conn:
+        conn.execute(
+            psycopg.sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                psycopg.sql.Identifier(name)
+            )
+        )
+
+
+@pytest.fixture()
+def lake(tmp_path: Path) -> Path:
+    path = tmp_path / "lake"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture()
+def landing(tmp_path: Path) -> Path:
+    path = tmp_path / "landing"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture(scope="session")
+def spark():  # noqa: ANN201
+    """The test process's one Spark session."""
+    from onceflow.spark import build_spark_session
+
+    session = build_spark_session(app_name="onceflow-tests")
+    yield session
+    session.stop()
