@@ -87,7 +87,9 @@ class Engine:
         self.postgres: dict[str, PostgresTableSink] = {}
         for sink in self.job.sinks:
             if isinstance(sink, DeltaSink):
-                self.delta[sink.name] = DeltaTableSink(job.name, sink.name, settings.lake / sink.table)
+                self.delta[sink.name] = DeltaTableSink(
+                    job.name, sink.name, settings.lake / sink.table
+                )
             else:
                 self.postgres[sink.name] = PostgresTableSink(job.name, sink, dsn, self.ledger)
         self._prepared = False
@@ -132,7 +134,9 @@ class Engine:
                     import json
 
                     found[wid] = Window(
-                        self.job.name, wid, json.loads(entry["onceflow.offsets"]),
+                        self.job.name,
+                        wid,
+                        json.loads(entry["onceflow.offsets"]),
                         int(entry["onceflow.epoch"]),
                     )
         for name in self.postgres:
@@ -187,7 +191,7 @@ class Engine:
             done(self.process_window(window, epoch, run_id))
         stop = stop or threading.Event()
         planned = 0
-        while True:
+        while max_windows is None or planned < max_windows:
             for window in self._plan_new(epoch, max_files_per_window):
                 done(self.process_window(window, epoch, run_id))
                 planned += 1
@@ -221,6 +225,8 @@ class Engine:
     def process_window(self, window: Window, epoch: int, run_id: str) -> WindowResult:
         """Commit `window` to every sink that does not hold it yet."""
         started = time.monotonic()
+        if self.exactly_once:
+            self.ledger.check_epoch(epoch)
         held = self.committed_sinks(window.window_id) if self.exactly_once else set()
         result = WindowResult(window.window_id, window.offsets, window.stats or {})
         for name in held:
@@ -230,8 +236,6 @@ class Engine:
             self.ledger.mark_completed(window.window_id)
             result.latency_s = time.monotonic() - started
             return result
-        if self.exactly_once:
-            self.ledger.check_epoch(epoch)
         outputs, stats = self.outputs(window)
         result.stats = stats
         self.ledger.record_stats(window.window_id, stats)
@@ -258,6 +262,8 @@ class Engine:
                 xid=pg.xid, latency_s=time.monotonic() - t0,
             )  # fmt: skip
         faults.point("after_commits", window.window_id)
+        if self.exactly_once:
+            self.ledger.check_epoch(epoch)
         self.ledger.mark_completed(window.window_id)
         WindowStage(self.settings.lake, self.job.name, window.window_id).discard()
         result.latency_s = time.monotonic() - started
@@ -265,7 +271,9 @@ class Engine:
 
     # -- computing ----------------------------------------------------------------------------
 
-    def outputs(self, window: Window, *, use_stage: bool = True) -> tuple[dict[str, DataFrame], dict[str, Any]]:
+    def outputs(
+        self, window: Window, *, use_stage: bool = True
+    ) -> tuple[dict[str, DataFrame], dict[str, Any]]:
         """The window's outputs, staged once so every sink and every retry sees the same rows."""
         stage = WindowStage(self.settings.lake, self.job.name, window.window_id)
         names = {s.output for s in self.job.sinks}

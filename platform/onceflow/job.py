@@ -98,7 +98,9 @@ class PostgresSink:
             raise ConfigurationError(f"sink {self.name}: mode {self.mode} needs a key.")
         missing = [c for c in (*self.key, *self.accumulate) if c not in self.columns]
         if missing:
-            raise ConfigurationError(f"sink {self.name}: key/accumulate columns {missing} not in columns.")
+            raise ConfigurationError(
+                f"sink {self.name}: key/accumulate columns {missing} not in columns."
+            )
         if self.mode == "accumulate" and not self.accumulate:
             raise ConfigurationError(f"sink {self.name}: mode accumulate needs accumulate columns.")
 

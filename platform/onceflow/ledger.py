@@ -313,7 +313,9 @@ class Ledger:
             )
             conn.commit()
 
-    def markers(self, sink: str, window_ids: Sequence[int] | None = None) -> dict[int, dict[str, Any]]:
+    def markers(
+        self, sink: str, window_ids: Sequence[int] | None = None
+    ) -> dict[int, dict[str, Any]]:
         """The PostgreSQL sink commit markers of `sink`, by window id."""
         with self.connect() as conn, conn.cursor(row_factory=tuple_row) as cur:
             if window_ids is None:

@@ -50,7 +50,9 @@ def embedded_dsn(home: Path) -> str:
     return str(server.get_uri())
 
 
-def connect(dsn: str, *, autocommit: bool = False, application_name: str = "onceflow") -> psycopg.Connection:
+def connect(
+    dsn: str, *, autocommit: bool = False, application_name: str = "onceflow"
+) -> psycopg.Connection:
     """Open a connection, turning failures into a ConfigurationError that hides credentials."""
     try:
         return psycopg.connect(
@@ -60,7 +62,9 @@ def connect(dsn: str, *, autocommit: bool = False, application_name: str = "once
             application_name=application_name,
         )
     except psycopg.OperationalError as exc:
-        reason = redact(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+        reason = redact(
+            str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        )
         raise ConfigurationError(
             f"cannot connect to PostgreSQL ({describe_dsn(dsn)}): {reason}. Check "
             "ONCEFLOW_POSTGRES_DSN, or unset it to use the embedded server."

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 import pytest
+
 from onceflow.jobs._payments_rules import (
     PAYMENT_FIELDS,
     Invalid,

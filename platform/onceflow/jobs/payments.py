@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
-from onceflow.job import DeltaSink, Dedupe, Job, PostgresSink, WindowContext
+from onceflow.job import Dedupe, DeltaSink, Job, PostgresSink, WindowContext
 from onceflow.jobs._payments_rules import Invalid, Payment, parse_payment_line
 from onceflow.sources.landing import LandingSource
 
@@ -48,7 +48,10 @@ def _parse_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch
         }  # fmt: skip
         data = batch.to_pydict()
         for idx, path, line, raw in zip(
-            data["_file_idx"], data["_source_file"], data["_source_line"], data["_raw"],
+            data["_file_idx"],
+            data["_source_file"],
+            data["_source_line"],
+            data["_raw"],
             strict=True,
         ):
             parsed = parse_payment_line(raw)
@@ -58,8 +61,7 @@ def _parse_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch
             cols["_source_file"].append(path)
             cols["_source_line"].append(line)
             if isinstance(parsed, Payment) and not any(
-                "\x00" in v
-                for v in (parsed.payment_id, parsed.merchant_id, parsed.customer_id)
+                "\x00" in v for v in (parsed.payment_id, parsed.merchant_id, parsed.customer_id)
             ):
                 for name in ("payment_id", "merchant_id", "customer_id", "amount_cents",
                              "currency", "created_at"):  # fmt: skip
@@ -67,9 +69,7 @@ def _parse_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch
                 cols["_raw_text"].append(None)
                 cols["_reason"].append(None)
             else:
-                reason = (
-                    parsed.reason if isinstance(parsed, Invalid) else "NUL character in an id"
-                )
+                reason = parsed.reason if isinstance(parsed, Invalid) else "NUL character in an id"
                 for name in ("payment_id", "merchant_id", "customer_id", "amount_cents",
                              "currency", "created_at"):  # fmt: skip
                     cols[name].append(None)

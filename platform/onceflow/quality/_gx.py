@@ -124,7 +124,10 @@ def _error_name(message: str | None) -> str:
 
 def _expectation(spec: CheckSpec) -> Any:
     gx = _gx()
-    common: dict[str, Any] = {"meta": {"onceflow_check": spec.check}, "description": spec.description}
+    common: dict[str, Any] = {
+        "meta": {"onceflow_check": spec.check},
+        "description": spec.description,
+    }
     if spec.kind == "unexpected_rows":
         return gx.expectations.UnexpectedRowsExpectation(unexpected_rows_query=spec.query, **common)
     if spec.kind == "row_count":
@@ -143,11 +146,23 @@ def _expectation(spec: CheckSpec) -> Any:
     raise ValueError(f"unknown check kind {spec.kind!r}")
 
 
-def _outcome(spec: CheckSpec, result: Any) -> Outcome:
-    info = result.exception_info or {}
+def _raised(info: Any) -> dict[str, Any] | None:
+    """Return the first raised exception in a result's exception_info, flat or per metric."""
+    if not isinstance(info, dict):
+        return None
     if info.get("raised_exception"):
+        return info
+    for value in info.values():
+        if isinstance(value, dict) and value.get("raised_exception"):
+            return value
+    return None
+
+
+def _outcome(spec: CheckSpec, result: Any) -> Outcome:
+    raised = _raised(result.exception_info)
+    if raised is not None:
         log.debug("check %s raised", spec.check)
-        return Outcome(spec, False, {"error": _error_name(info.get("exception_message"))})
+        return Outcome(spec, False, {"error": _error_name(raised.get("exception_message"))})
     values = result.result or {}
     if spec.kind in ("not_null", "regex"):
         measured = values.get("unexpected_count")

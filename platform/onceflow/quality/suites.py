@@ -65,10 +65,10 @@ class PostgresTableTarget:
         _check_names([self.schema, self.table], "table name")
         if not self.key:
             raise ValueError(f"sink {self.sink!r}: key must name at least one column")
-        _check_names(self.key + self.not_null + tuple(self.regex) + tuple(self.row_filter), "column")
+        _check_names((*self.key, *self.not_null, *self.regex, *self.row_filter), "column")
         for value in self.row_filter.values():
             if ":" in value or "\x00" in value:
-                raise ValueError(f"sink {self.sink!r}: row_filter values must not contain ':' or NUL")
+                raise ValueError(f"sink {self.sink!r}: row_filter values must not hold ':' or NUL")
         if self.expected_rows_from not in ("markers", "none"):
             raise ValueError(f"sink {self.sink!r}: expected_rows_from must be 'markers' or 'none'")
 
@@ -131,7 +131,7 @@ class SumConsistency:
         _check_names(list(self.balances) + list(self.source), "table name")
         if not self.group_keys:
             raise ValueError(f"sink {self.sink!r}: group_keys must name at least one column")
-        _check_names(self.group_keys + (self.total_col, self.count_col, self.amount_col), "column")
+        _check_names((*self.group_keys, self.total_col, self.count_col, self.amount_col), "column")
 
 
 Target = PostgresTableTarget | DeltaTableTarget | SumConsistency
@@ -241,7 +241,9 @@ def postgres_table_suite(
     """
     keys = ", ".join(target.key)
     # Only the copy counts come back, never the keys: a payment id is sensitive data.
-    duplicates = sql.SQL("SELECT count(*) AS copies FROM {batch} GROUP BY {keys} HAVING count(*) > 1")
+    duplicates = sql.SQL(
+        "SELECT count(*) AS copies FROM {batch} GROUP BY {keys} HAVING count(*) > 1"
+    )
     checks = [
         CheckSpec(
             check="keys_unique",
@@ -314,9 +316,7 @@ def sum_consistency_suite(job: str, target: SumConsistency) -> SuiteSpec:
         observed_key="mismatched_groups",
         query=_ge_query(query),
     )
-    return SuiteSpec(
-        name=f"{job}.{target.sink}.sum_consistency", sink=target.sink, checks=(check,)
-    )
+    return SuiteSpec(name=f"{job}.{target.sink}.sum_consistency", sink=target.sink, checks=(check,))
 
 
 def balances_relation_query(target: SumConsistency) -> str:

@@ -120,9 +120,11 @@ class DeltaTableSink:
                     mode="append",
                     schema=table.schema(),
                     commit_properties=CommitProperties(
-                        custom_metadata={f"{META_PREFIX}epoch": str(epoch),
-                                         f"{META_PREFIX}job": self.job,
-                                         f"{META_PREFIX}sink": self.sink},
+                        custom_metadata={
+                            f"{META_PREFIX}epoch": str(epoch),
+                            f"{META_PREFIX}job": self.job,
+                            f"{META_PREFIX}sink": self.sink,
+                        },
                         max_commit_retries=0,
                         app_transactions=[Transaction(self.epoch_app, epoch)],
                     ),

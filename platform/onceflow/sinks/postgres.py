@@ -41,6 +41,19 @@ RESOLVE_TIMEOUT_S = 120.0
 COMMIT_ATTEMPTS = 5
 
 
+_INSERT_MARKER = (
+    "INSERT INTO onceflow.sink_commits (job, sink, window_id, epoch, xid, run_id, offsets,"
+    " rows_written) VALUES (%s, %s, %s, %s, pg_current_xact_id(), %s, %s, %s)"
+)
+# Without markers checks (at_least_once) a replay writes again; the marker counts every write.
+_UPSERT_MARKER = (
+    _INSERT_MARKER + " ON CONFLICT (job, sink, window_id) DO UPDATE SET epoch = EXCLUDED.epoch,"
+    " xid = EXCLUDED.xid, run_id = EXCLUDED.run_id,"
+    " rows_written = onceflow.sink_commits.rows_written + EXCLUDED.rows_written,"
+    " committed_at = now()"
+)
+
+
 @dataclass(frozen=True)
 class PostgresCommit:
     """What a window's PostgreSQL commit did."""
@@ -56,15 +69,13 @@ def _staging_name(job: str, sink: str, window_id: int, epoch: int) -> str:
     return f"stage_{digest}"
 
 
-def _copy_partition(
-    dsn: str, app_name: str, schema: str, table: str, columns: list[str]
-) -> Any:
+def _copy_partition(dsn: str, app_name: str, schema: str, table: str, columns: list[str]) -> Any:
     """A mapInArrow function: COPY each executor partition into the staging table."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import psycopg
         import pyarrow as pa
         import pyarrow.csv as pacsv
-        import psycopg
         from psycopg import sql
 
         total = 0
@@ -107,7 +118,9 @@ class PostgresTableSink:
             sql.SQL("{} {}{}").format(
                 sql.Identifier(name),
                 sql.SQL(pg_type),
-                sql.SQL(" NOT NULL") if name in spec.key or name in spec.accumulate else sql.SQL(""),
+                sql.SQL(" NOT NULL")
+                if name in spec.key or name in spec.accumulate
+                else sql.SQL(""),
             )
             for name, pg_type in spec.columns.items()
         ]
@@ -147,8 +160,11 @@ class PostgresTableSink:
         """Commit the window's rows in one transaction, unless the marker says it is there."""
         last_error: Exception | None = None
         for attempt in range(COMMIT_ATTEMPTS):
-            if exactly_once and self._marker(window_id) is not None:
-                return PostgresCommit(0, None, True)
+            if exactly_once:
+                # A run that lost its sessions may have been fenced meanwhile: stop, don't write.
+                self.ledger.check_epoch(epoch)
+                if self._marker(window_id) is not None:
+                    return PostgresCommit(0, None, True)
             try:
                 staging = self._stage(df, window_id, epoch)
                 return self._commit_from_staging(
@@ -158,7 +174,10 @@ class PostgresTableSink:
                 last_error = exc
                 _log.warning(
                     "sink %s window %d: attempt %d failed (%s); retrying",
-                    self.spec.name, window_id, attempt + 1, exc,
+                    self.spec.name,
+                    window_id,
+                    attempt + 1,
+                    exc,
                 )
                 time.sleep(min(2**attempt, 10))
         raise SinkError(
@@ -195,9 +214,7 @@ class PostgresTableSink:
             self._dsn, application_name(self.job, epoch), "onceflow", name, column_names
         )
         try:
-            df.select(*column_names).mapInArrow(copier, "rows long").groupBy().sum(
-                "rows"
-            ).collect()
+            df.select(*column_names).mapInArrow(copier, "rows long").groupBy().sum("rows").collect()
         except Exception as exc:
             raise TransientSinkError(
                 f"copy into staging failed on an executor ({type(exc).__name__})"
@@ -262,8 +279,7 @@ class PostgresTableSink:
             )
         ).rowcount
         casts = sql.SQL(", ").join(
-            sql.SQL("s.{}::{}").format(sql.Identifier(c), sql.SQL(spec.columns[c]))
-            for c in cols
+            sql.SQL("s.{}::{}").format(sql.Identifier(c), sql.SQL(spec.columns[c])) for c in cols
         )
         inserted = conn.execute(
             sql.SQL(
@@ -298,12 +314,7 @@ class PostgresTableSink:
             assert row is not None
             xid = str(row[0])
             conn.execute(
-                "INSERT INTO onceflow.sink_commits (job, sink, window_id, epoch, xid, run_id,"
-                " offsets, rows_written) VALUES (%s, %s, %s, %s, pg_current_xact_id(), %s, %s, %s)"
-                " ON CONFLICT (job, sink, window_id) DO UPDATE SET epoch = EXCLUDED.epoch,"
-                " xid = EXCLUDED.xid, run_id = EXCLUDED.run_id, rows_written ="
-                " onceflow.sink_commits.rows_written + EXCLUDED.rows_written,"
-                " committed_at = now()",
+                _INSERT_MARKER if exactly_once else _UPSERT_MARKER,
                 (self.job, self.spec.name, window_id, epoch, run_id, json.dumps(offsets), rows),
             )
             faults.point("before_pg_commit", window_id)
@@ -320,7 +331,8 @@ class PostgresTableSink:
                 ) from None
             _log.warning(
                 "sink %s window %d: COMMIT got no answer; deciding by the marker",
-                self.spec.name, window_id,
+                self.spec.name,
+                window_id,
             )
             committed = self.resolve_unanswered_commit(window_id, xid)
             if not committed:

@@ -103,8 +103,6 @@ def _iter_lines(root: str, file_idx: int, rel: str) -> Iterator[tuple[int, str, 
             yield (file_idx, rel, number, line.rstrip(b"\n"))
 
 
-
-
 class _FilePartition(InputPartition):
     def __init__(self, index: int, path: str) -> None:
         super().__init__(index)

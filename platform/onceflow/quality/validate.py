@@ -1,0 +1,345 @@
+"""Runs a job's quality suites against its sinks and reports every check by sink and name."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from deltalake import DeltaTable
+
+from onceflow.quality._gx import GxSession, Outcome
+from onceflow.quality.suites import (
+    AGG_DUPLICATE_KEYS,
+    AGG_EXTRA_COPIES,
+    AGG_ROWS,
+    DeltaTableTarget,
+    PostgresTableTarget,
+    SumConsistency,
+    agg_mismatches,
+    agg_nulls,
+    balances_relation_query,
+    delta_aggregate_suite,
+    postgres_table_suite,
+    relation_query,
+    sum_consistency_suite,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+log = logging.getLogger(__name__)
+
+_MARKER_ROWS = """
+SELECT coalesce(sum(rows_written), 0)::bigint
+FROM onceflow.sink_commits WHERE job = %(job)s AND sink = %(sink)s
+"""
+
+# Windows the Delta table holds are those up to its app-transaction version. A window in that
+# range without the output in its stats, or missing from the ledger, leaves the expected count
+# unknown, and that is reported rather than guessed.
+_DELTA_LEDGER = """
+SELECT count(*)::bigint,
+       count(*) FILTER (
+           WHERE jsonb_typeof(stats -> 'outputs' -> %(output)s) IS DISTINCT FROM 'number')::bigint,
+       coalesce(sum((stats -> 'outputs' ->> %(output)s)::bigint) FILTER (
+           WHERE jsonb_typeof(stats -> 'outputs' -> %(output)s) = 'number'), 0)::bigint
+FROM onceflow.windows
+WHERE job = %(job)s AND window_id <= %(version)s
+"""
+
+# A table that is gone has no app transaction left to say which windows it held; the windows the
+# ledger marks completed must all have been there.
+_DELTA_LEDGER_COMPLETED = """
+SELECT coalesce(sum((stats -> 'outputs' ->> %(output)s)::bigint) FILTER (
+           WHERE jsonb_typeof(stats -> 'outputs' -> %(output)s) = 'number'), 0)::bigint
+FROM onceflow.windows
+WHERE job = %(job)s AND completed_at IS NOT NULL
+"""
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """The outcome of one check on one sink.
+
+    Attributes:
+        sink: The sink's name (`pg_payments`, `lake_payments`, …).
+        check: The check's name: `keys_unique`, `row_count`, `not_null:<column>`,
+            `regex:<column>` or `sum_consistency`.
+        passed: Whether the sink satisfied it.
+        observed: What was measured (counts, never row values), with `expected` where the check
+            compares with an expected number and `error` when the check could not run.
+        description: What the check proves.
+    """
+
+    sink: str
+    check: str
+    passed: bool
+    observed: dict[str, int | float | str]
+    description: str
+
+
+@dataclass(frozen=True)
+class ValidationReport:
+    """Every check run for a job.
+
+    Attributes:
+        job: The job's name.
+        results: One result per check, grouped by target in the order the targets were given.
+        data_docs: The path of the Data Docs index page, when Data Docs were built.
+        timings: Wall-clock seconds per suite (keyed by suite name, `<job>.<sink>[.<suffix>]`),
+            and for Delta targets the Spark read and aggregation alone (`<suite>:spark`).
+    """
+
+    job: str
+    results: list[CheckResult]
+    data_docs: str | None
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        """True when every check passed."""
+        return all(result.passed for result in self.results)
+
+    def failures(self) -> list[CheckResult]:
+        """Return the checks that failed.
+
+        Returns:
+            The failed results, in report order.
+        """
+        return [result for result in self.results if not result.passed]
+
+
+def _read_delta(spark: SparkSession, path: str, version: int | None = None) -> DataFrame:
+    """Read a Delta table's current files on Spark, without delta-spark.
+
+    Only the files of the snapshot are read, so removed files never count. Deletion vectors,
+    column mapping and partition columns would each need the Delta log to read the files right;
+    the engine's tables use none of them, and a table that does is refused rather than misread.
+
+    Args:
+        spark: The session to read with.
+        path: The table's root.
+        version: The snapshot to read; the latest when None.
+
+    Returns:
+        A DataFrame over the snapshot's rows.
+
+    Raises:
+        ValueError: The table uses a feature a plain Parquet read would get wrong.
+    """
+    table = DeltaTable(path, version=version)
+    protocol = table.protocol()
+    features = set(protocol.reader_features or ()) | set(protocol.writer_features or ())
+    unsupported = features & {"deletionVectors", "columnMapping"}
+    if unsupported or table.metadata().partition_columns:
+        problem = sorted(unsupported) or ["partition columns"]
+        raise ValueError(f"Delta table {path} uses {', '.join(problem)}; cannot read it as Parquet")
+    files = table.file_uris()
+    if not files:
+        import pyarrow as pa
+
+        schema = pa.schema(table.schema().to_arrow())
+        return spark.createDataFrame(pa.Table.from_batches([], schema=schema))
+    return spark.read.parquet(*files)
+
+
+def _spark_column(name: str) -> Any:
+    from pyspark.sql import functions as F
+
+    return F.col("`" + name.replace("`", "``") + "`")
+
+
+def _aggregate_delta(frame: DataFrame, target: DeltaTableTarget) -> dict[str, int]:
+    """Measure a Delta table in one Spark job that returns a single row to the driver."""
+    from pyspark.sql import functions as F
+
+    nulls = {agg_nulls(c): f"n{i}" for i, c in enumerate(target.not_null)}
+    misses = {agg_mismatches(c): f"m{i}" for i, c in enumerate(target.regex)}
+    per_key = frame.groupBy(*[_spark_column(k) for k in target.key]).agg(
+        F.count(F.lit(1)).alias("copies"),
+        *[
+            F.count_if(_spark_column(c).isNull()).alias(alias)
+            for c, alias in zip(target.not_null, nulls.values(), strict=True)
+        ],
+        # rlike on NULL is NULL and so not counted: NULLs are the not-null check's business.
+        *[
+            F.count_if(~_spark_column(c).rlike(pattern)).alias(alias)
+            for (c, pattern), alias in zip(target.regex.items(), misses.values(), strict=True)
+        ],
+    )
+    row = per_key.agg(
+        F.sum("copies").alias("rows"),
+        F.count(F.lit(1)).alias("keys"),
+        F.count_if(F.col("copies") > 1).alias("duplicate_keys"),
+        *[F.sum(alias).alias(alias) for alias in [*nulls.values(), *misses.values()]],
+    ).first()
+    values = {name: int(value or 0) for name, value in (row.asDict() if row else {}).items()}
+    measured = {
+        AGG_ROWS: values.get("rows", 0),
+        AGG_DUPLICATE_KEYS: values.get("duplicate_keys", 0),
+        AGG_EXTRA_COPIES: values.get("rows", 0) - values.get("keys", 0),
+    }
+    for column, alias in {**nulls, **misses}.items():
+        measured[column] = values.get(alias, 0)
+    return measured
+
+
+def _results(outcomes: list[Outcome], sink: str) -> list[CheckResult]:
+    return [
+        CheckResult(
+            sink=sink,
+            check=o.spec.check,
+            passed=o.success,
+            observed=o.observed,
+            description=o.spec.description,
+        )
+        for o in outcomes
+    ]
+
+
+def _validate_postgres(
+    session: GxSession, conn: psycopg.Connection, job: str, target: PostgresTableTarget
+) -> tuple[str, list[CheckResult]]:
+    expected: int | None = None
+    if target.expected_rows_from == "markers":
+        row = conn.execute(_MARKER_ROWS, {"job": job, "sink": target.sink}).fetchone()
+        expected = int(row[0]) if row else 0
+    suite = postgres_table_suite(job, target, expected)
+    return suite.name, _results(session.validate_query(suite, relation_query(target)), target.sink)
+
+
+def _validate_sums(
+    session: GxSession, job: str, target: SumConsistency
+) -> tuple[str, list[CheckResult]]:
+    suite = sum_consistency_suite(job, target)
+    outcomes = session.validate_query(suite, balances_relation_query(target))
+    return suite.name, _results(outcomes, target.sink)
+
+
+def _validate_delta(
+    session: GxSession,
+    conn: psycopg.Connection,
+    job: str,
+    target: DeltaTableTarget,
+    spark: SparkSession,
+    timings: dict[str, float],
+) -> tuple[str, list[CheckResult]]:
+    # Aggregated on Spark and the one-row aggregate validated by GE, rather than GE on a Spark
+    # DataFrame datasource: GE runs a Spark job per metric (seconds per suite here), while this
+    # is one job with one shuffle and never collects the table onto the driver.
+    exists = DeltaTable.is_deltatable(target.path)
+    ledger: dict[str, int | float | str] = {}
+    if exists:
+        table = DeltaTable(target.path)
+        snapshot = table.version()
+        committed = table.transaction_version(target.app_id)
+        started = time.perf_counter()
+        measured = _aggregate_delta(_read_delta(spark, target.path, snapshot), target)
+        timings[f"{job}.{target.sink}:spark"] = time.perf_counter() - started
+        ledger["delta_version"] = snapshot
+        ledger["committed_window"] = committed if committed is not None else 0
+        row = conn.execute(
+            _DELTA_LEDGER,
+            {"job": job, "output": target.expected_output, "version": committed or 0},
+        ).fetchone()
+        windows, without_stats, expected = (int(v) for v in row) if row else (0, 0, 0)
+        ledger["windows_missing_from_ledger"] = (committed or 0) - windows
+        ledger["windows_without_stats"] = without_stats
+    else:
+        measured = {AGG_ROWS: 0, AGG_DUPLICATE_KEYS: 0, AGG_EXTRA_COPIES: 0}
+        measured.update({agg_nulls(c): 0 for c in target.not_null})
+        measured.update({agg_mismatches(c): 0 for c in target.regex})
+        row = conn.execute(
+            _DELTA_LEDGER_COMPLETED, {"job": job, "output": target.expected_output}
+        ).fetchone()
+        expected = int(row[0]) if row else 0
+        ledger["table_missing"] = 1
+    suite = delta_aggregate_suite(job, target, expected)
+
+    import pandas as pd
+
+    results = []
+    for result in _results(session.validate_frame(suite, pd.DataFrame([measured])), target.sink):
+        if result.check == "keys_unique":
+            result.observed["extra_copies"] = measured[AGG_EXTRA_COPIES]
+        elif result.check == "row_count":
+            result.observed.update(ledger)
+            ledger_whole = not ledger.get("windows_missing_from_ledger") and not ledger.get(
+                "windows_without_stats"
+            )
+            if not ledger_whole:
+                result = CheckResult(
+                    sink=result.sink,
+                    check=result.check,
+                    passed=False,
+                    observed=result.observed,
+                    description=result.description + " (the ledger lacks windows or stats)",
+                )
+        results.append(result)
+    return suite.name, results
+
+
+def validate(
+    job: str,
+    targets: Sequence[PostgresTableTarget | DeltaTableTarget | SumConsistency],
+    *,
+    dsn: str,
+    spark: SparkSession | None = None,
+    data_docs_dir: Path | None = None,
+) -> ValidationReport:
+    """Run the quality suites of a job's sinks.
+
+    Expected row counts come from the ledger in the same database: the markers' `rows_written`
+    for PostgreSQL sinks, the windows' `stats.outputs` up to the Delta app-transaction version
+    for Delta sinks. Run it when the job has caught up: a run committing meanwhile can make
+    the ledger and a sink disagree for a moment.
+
+    Args:
+        job: The job's name, as recorded in the ledger.
+        targets: The sinks and rules to check.
+        dsn: libpq DSN or URI of the database holding the ledger and the PostgreSQL sinks.
+            It is never logged or copied into results or Data Docs.
+        spark: The session to read Delta tables with; onceflow's default local session when
+            None and a Delta target is given.
+        data_docs_dir: When given, a GE file context rooted here keeps suites and results and
+            renders Data Docs, whose index page the report returns.
+
+    Returns:
+        The report: one result per check.
+
+    Raises:
+        psycopg.Error: The ledger cannot be read.
+    """
+    pg_needed = any(isinstance(t, PostgresTableTarget | SumConsistency) for t in targets)
+    if spark is None and any(isinstance(t, DeltaTableTarget) for t in targets):
+        from onceflow.spark import build_spark_session
+
+        spark = build_spark_session()
+    session = GxSession(job, dsn=dsn if pg_needed else None, docs_dir=data_docs_dir)
+    results: list[CheckResult] = []
+    timings: dict[str, float] = {}
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for target in targets:
+                started = time.perf_counter()
+                if isinstance(target, PostgresTableTarget):
+                    name, found = _validate_postgres(session, conn, job, target)
+                elif isinstance(target, SumConsistency):
+                    name, found = _validate_sums(session, job, target)
+                else:
+                    assert spark is not None
+                    name, found = _validate_delta(session, conn, job, target, spark, timings)
+                timings[name] = time.perf_counter() - started
+                results.extend(found)
+        docs = session.build_docs()
+    finally:
+        session.close()
+    for result in results:
+        if not result.passed:
+            log.info("quality check failed: %s %s %s", result.sink, result.check, result.observed)
+    return ValidationReport(job=job, results=results, data_docs=docs, timings=timings)
