@@ -60,16 +60,15 @@ def _parse_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch
             cols["_file_idx"].append(idx)
             cols["_source_file"].append(path)
             cols["_source_line"].append(line)
-            if isinstance(parsed, Payment) and not any(
-                "\x00" in v for v in (parsed.payment_id, parsed.merchant_id, parsed.customer_id)
-            ):
+            if isinstance(parsed, Payment):
                 for name in ("payment_id", "merchant_id", "customer_id", "amount_cents",
                              "currency", "created_at"):  # fmt: skip
                     cols[name].append(getattr(parsed, name))
                 cols["_raw_text"].append(None)
                 cols["_reason"].append(None)
             else:
-                reason = parsed.reason if isinstance(parsed, Invalid) else "NUL character in an id"
+                assert isinstance(parsed, Invalid)
+                reason = parsed.reason
                 for name in ("payment_id", "merchant_id", "customer_id", "amount_cents",
                              "currency", "created_at"):  # fmt: skip
                     cols[name].append(None)
