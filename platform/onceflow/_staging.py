@@ -18,8 +18,8 @@ _COMPLETE = "_COMPLETE.json"
 class WindowStage:
     """The staging folder of one window: `<lake>/_onceflow/staging/<job>/w<id>/<output>/`."""
 
-    def __init__(self, lake: Path, job: str, window_id: int) -> None:
-        self.root = lake / "_onceflow" / "staging" / job / f"w{window_id:010d}"
+    def __init__(self, lake: Path, job: str, window_id: int, tag: str = "") -> None:
+        self.root = lake / "_onceflow" / "staging" / job / f"w{window_id:010d}{tag}"
 
     def complete(self) -> dict[str, Any] | None:
         """The stats written when staging finished, or None if it did not."""
@@ -46,3 +46,40 @@ class WindowStage:
 
     def discard(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+class Contributions:
+    """What each window added to an accumulating sink, kept so a restatement can take it back.
+
+    Small (one row per key per window) and written before the sink commits, from the same
+    staged rows the sink commits, so it always matches what the sink received.
+    """
+
+    def __init__(self, lake: Path, job: str, sink: str) -> None:
+        self.root = lake / "_onceflow" / "contributions" / job / sink
+
+    def path(self, window_id: int) -> Path:
+        return self.root / f"w{window_id:010d}"
+
+    def exists(self, window_id: int) -> bool:
+        return self.path(window_id).is_dir()
+
+    def save(self, window_id: int, staged: Path, *, replace: bool = False) -> None:
+        """Keep a copy of `staged` as the window's contribution (atomically, by rename)."""
+        if self.exists(window_id) and not replace:
+            return
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self.root / f".w{window_id:010d}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(staged, tmp)
+        if self.exists(window_id):
+            old = self.root / f".w{window_id:010d}.old"
+            shutil.rmtree(old, ignore_errors=True)
+            self.path(window_id).rename(old)
+            tmp.rename(self.path(window_id))
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(self.path(window_id))
+
+    def read(self, spark: SparkSession, window_id: int) -> DataFrame:
+        return spark.read.parquet(str(self.path(window_id)))

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from onceflow import faults
-from onceflow._staging import WindowStage
+from onceflow._staging import Contributions, WindowStage
 from onceflow.errors import LedgerError
 from onceflow.job import DeltaSink, Guarantee, Job, PostgresSink, WindowContext
 from onceflow.ledger import Ledger, Window
@@ -251,6 +251,10 @@ class Engine:
                 delta_version=commit.version, latency_s=time.monotonic() - t0,
             )  # fmt: skip
         faults.point("after_delta", window.window_id)
+        stage = WindowStage(self.settings.lake, self.job.name, window.window_id)
+        for sink in self.job.sinks:
+            if isinstance(sink, PostgresSink) and sink.mode == "accumulate":
+                self.contributions(sink.name).save(window.window_id, stage.root / sink.output)
         for sink in [s for s in todo if isinstance(s, PostgresSink)]:
             t0 = time.monotonic()
             pg = self.postgres[sink.name].commit_window(
@@ -265,22 +269,26 @@ class Engine:
         if self.exactly_once:
             self.ledger.check_epoch(epoch)
         self.ledger.mark_completed(window.window_id)
-        WindowStage(self.settings.lake, self.job.name, window.window_id).discard()
+        stage.discard()
         result.latency_s = time.monotonic() - started
         return result
+
+    def contributions(self, sink: str) -> Contributions:
+        """Where an accumulating sink's per-window contributions are kept."""
+        return Contributions(self.settings.lake, self.job.name, sink)
 
     # -- computing ----------------------------------------------------------------------------
 
     def outputs(
-        self, window: Window, *, use_stage: bool = True
+        self, window: Window, *, use_stage: bool = True, stage_tag: str = ""
     ) -> tuple[dict[str, DataFrame], dict[str, Any]]:
         """The window's outputs, staged once so every sink and every retry sees the same rows."""
-        stage = WindowStage(self.settings.lake, self.job.name, window.window_id)
+        stage = WindowStage(self.settings.lake, self.job.name, window.window_id, stage_tag)
         names = {s.output for s in self.job.sinks}
         stats = stage.complete() if use_stage else None
         if stats is not None:
             return {name: stage.read(self.spark, name) for name in names}, stats
-        outputs = self.compute(window)
+        outputs = self.compute(window, stage_tag=stage_tag)
         staged = {name: stage.write(name, outputs[name]) for name in names}
         counts = {name: stage.rows(name) for name in names}
         stats = {
@@ -294,13 +302,13 @@ class Engine:
         stage.finish(stats)
         return staged, stats
 
-    def compute(self, window: Window) -> Mapping[str, DataFrame]:
+    def compute(self, window: Window, *, stage_tag: str = "") -> Mapping[str, DataFrame]:
         """Run the source, parse, dedupe and transform for `window` (lazy, except staging)."""
         from pyspark.sql import Window as W
         from pyspark.sql import functions as F
 
         job = self.job
-        stage = WindowStage(self.settings.lake, job.name, window.window_id)
+        stage = WindowStage(self.settings.lake, job.name, window.window_id, stage_tag)
         raw = job.source.read(self.spark, self.settings.landing, window.offsets)
         parsed = stage.write("_parsed", job.parse(raw))
         valid = parsed.where(F.col("_reason").isNull())

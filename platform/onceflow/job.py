@@ -77,6 +77,7 @@ class PostgresSink:
     mode: str = "append"
     schema: str = "public"
     accumulate: tuple[str, ...] = ()
+    window_column: str | None = None  # lets a restatement find a window's rows
 
     kind = "postgres"
 
@@ -100,6 +101,10 @@ class PostgresSink:
         if missing:
             raise ConfigurationError(
                 f"sink {self.name}: key/accumulate columns {missing} not in columns."
+            )
+        if self.window_column is not None and self.window_column not in self.columns:
+            raise ConfigurationError(
+                f"sink {self.name}: window column {self.window_column} not in columns."
             )
         if self.mode == "accumulate" and not self.accumulate:
             raise ConfigurationError(f"sink {self.name}: mode accumulate needs accumulate columns.")

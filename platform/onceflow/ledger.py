@@ -77,6 +77,26 @@ CREATE TABLE IF NOT EXISTS onceflow.quarantine (
     quarantined_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (job, source_file, source_line)
 );
+CREATE TABLE IF NOT EXISTS onceflow.restatements (
+    job text NOT NULL,
+    seq bigint NOT NULL,
+    window_id bigint NOT NULL,
+    request_id text NOT NULL,
+    epoch bigint NOT NULL,
+    planned_at timestamptz NOT NULL DEFAULT now(),
+    completed_at timestamptz,
+    PRIMARY KEY (job, seq),
+    UNIQUE (job, request_id)
+);
+CREATE TABLE IF NOT EXISTS onceflow.restate_commits (
+    job text NOT NULL,
+    sink text NOT NULL,
+    seq bigint NOT NULL,
+    xid xid8 NOT NULL,
+    rows_written bigint NOT NULL,
+    committed_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (job, sink, seq)
+);
 CREATE TABLE IF NOT EXISTS onceflow.reconciliations (
     job text NOT NULL,
     sink text NOT NULL,
@@ -310,6 +330,33 @@ class Ledger:
                 "UPDATE onceflow.windows SET completed_at = now()"
                 " WHERE job = %s AND window_id = %s AND completed_at IS NULL",
                 (self.job, window_id),
+            )
+            conn.commit()
+
+    def plan_restatement(self, epoch: int, window_id: int, request_id: str) -> int:
+        """Write a restatement ahead; the same request always gets the same sequence number."""
+        with self.connect(epoch) as conn:
+            self.fence(conn, epoch)
+            row = conn.execute(
+                "SELECT seq FROM onceflow.restatements WHERE job = %s AND request_id = %s",
+                (self.job, request_id),
+            ).fetchone()
+            if row is None:
+                row = conn.execute(
+                    "INSERT INTO onceflow.restatements (job, seq, window_id, request_id, epoch)"
+                    " SELECT %s, coalesce(max(seq), 0) + 1, %s, %s, %s"
+                    " FROM onceflow.restatements WHERE job = %s RETURNING seq",
+                    (self.job, window_id, request_id, epoch, self.job),
+                ).fetchone()
+            conn.commit()
+        assert row is not None
+        return int(row[0])
+
+    def complete_restatement(self, seq: int) -> None:
+        with self.connect() as conn:
+            conn.execute(
+                "UPDATE onceflow.restatements SET completed_at = now() WHERE job = %s AND seq = %s",
+                (self.job, seq),
             )
             conn.commit()
 

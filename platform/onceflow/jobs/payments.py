@@ -144,6 +144,7 @@ PAYMENTS = Job(
             columns=PAYMENT_COLUMNS,
             key=("payment_id",),
             mode="upsert",
+            window_column="_window_id",
         ),
         PostgresSink(
             name="pg_merchant_balances",
@@ -174,6 +175,7 @@ PAYMENTS = Job(
             },
             key=("job", "source_file", "source_line"),
             mode="upsert",
+            window_column="window_id",
         ),
     ),
     quarantine_sink="pg_quarantine",

@@ -55,6 +55,51 @@ _UPSERT_MARKER = (
 
 
 @dataclass(frozen=True)
+class _Marker:
+    """The commit record of one window (or one restatement of it) in one sink."""
+
+    job: str
+    sink: str
+    window_id: int
+    restate_seq: int | None
+    exactly_once: bool
+
+    def exists(self, conn: psycopg.Connection) -> bool:
+        if self.restate_seq is None:
+            query = (
+                "SELECT 1 FROM onceflow.sink_commits"
+                " WHERE job = %s AND sink = %s AND window_id = %s"
+            )
+            params: tuple[Any, ...] = (self.job, self.sink, self.window_id)
+        else:
+            query = (
+                "SELECT 1 FROM onceflow.restate_commits WHERE job = %s AND sink = %s AND seq = %s"
+            )
+            params = (self.job, self.sink, self.restate_seq)
+        return conn.execute(query, params).fetchone() is not None
+
+    def insert(
+        self,
+        conn: psycopg.Connection,
+        epoch: int,
+        run_id: str,
+        offsets: dict[str, Any],
+        rows: int,
+    ) -> None:
+        if self.restate_seq is not None:
+            conn.execute(
+                "INSERT INTO onceflow.restate_commits (job, sink, seq, xid, rows_written)"
+                " VALUES (%s, %s, %s, pg_current_xact_id(), %s)",
+                (self.job, self.sink, self.restate_seq, rows),
+            )
+            return
+        conn.execute(
+            _INSERT_MARKER if self.exactly_once else _UPSERT_MARKER,
+            (self.job, self.sink, self.window_id, epoch, run_id, json.dumps(offsets), rows),
+        )
+
+
+@dataclass(frozen=True)
 class PostgresCommit:
     """What a window's PostgreSQL commit did."""
 
@@ -158,30 +203,84 @@ class PostgresTableSink:
         exactly_once: bool = True,
     ) -> PostgresCommit:
         """Commit the window's rows in one transaction, unless the marker says it is there."""
+        marker = _Marker(self.job, self.spec.name, window_id, None, exactly_once)
+        return self._commit_loop(df, marker, epoch, run_id, offsets)
+
+    def restate_window(
+        self,
+        new: DataFrame,
+        old: DataFrame | None,
+        *,
+        window_id: int,
+        epoch: int,
+        run_id: str,
+        seq: int,
+    ) -> PostgresCommit:
+        """Replace the window's effect in one transaction (restatement `seq`, applied once).
+
+        Keyed sinks with a window column lose the window's rows and get the new ones; an
+        accumulating sink gets the new contribution minus the old one (`old`).
+        """
+        spec = self.spec
+        if spec.mode == "accumulate":
+            if old is None:
+                raise SinkError(
+                    f"sink {spec.name}: window {window_id}'s old contribution is not on record, "
+                    "so it cannot be taken back; reconcile the sink instead."
+                )
+            from pyspark.sql import functions as F
+
+            keys = list(spec.key)
+            negated = old.select(
+                *keys, *(F.negate(F.col(c).cast("decimal(38,0)")).alias(c) for c in spec.accumulate)
+            )
+            positive = new.select(
+                *keys, *(F.col(c).cast("decimal(38,0)").alias(c) for c in spec.accumulate)
+            )
+            new = (
+                positive.unionByName(negated)
+                .groupBy(*keys)
+                .agg(*(F.sum(c).alias(c) for c in spec.accumulate))
+            )
+        elif spec.window_column is None:
+            raise SinkError(
+                f"sink {spec.name}: has no window_column, so a window's rows cannot be found "
+                "to restate them."
+            )
+        marker = _Marker(self.job, spec.name, window_id, seq, True)
+        return self._commit_loop(new, marker, epoch, run_id, {})
+
+    def _commit_loop(
+        self,
+        df: DataFrame,
+        marker: _Marker,
+        epoch: int,
+        run_id: str,
+        offsets: dict[str, Any],
+    ) -> PostgresCommit:
         last_error: Exception | None = None
         for attempt in range(COMMIT_ATTEMPTS):
-            if exactly_once:
+            if marker.exactly_once:
                 # A run that lost its sessions may have been fenced meanwhile: stop, don't write.
                 self.ledger.check_epoch(epoch)
-                if self._marker(window_id) is not None:
-                    return PostgresCommit(0, None, True)
+                with connect(self._dsn) as conn:
+                    if marker.exists(conn):
+                        return PostgresCommit(0, None, True)
             try:
-                staging = self._stage(df, window_id, epoch)
-                return self._commit_from_staging(
-                    staging, window_id, epoch, run_id, offsets, exactly_once
-                )
+                staging = self._stage(df, marker.window_id, epoch)
+                return self._commit_from_staging(staging, marker, epoch, run_id, offsets)
             except TransientSinkError as exc:
                 last_error = exc
                 _log.warning(
                     "sink %s window %d: attempt %d failed (%s); retrying",
                     self.spec.name,
-                    window_id,
+                    marker.window_id,
                     attempt + 1,
                     exc,
                 )
                 time.sleep(min(2**attempt, 10))
         raise SinkError(
-            f"sink {self.spec.name}: window {window_id} could not be committed after "
+            f"sink {self.spec.name}: window {marker.window_id} could not be committed after "
             f"{COMMIT_ATTEMPTS} attempts: {last_error}"
         )
 
@@ -292,31 +391,37 @@ class PostgresTableSink:
     def _commit_from_staging(
         self,
         staging_name: str,
-        window_id: int,
+        marker: _Marker,
         epoch: int,
         run_id: str,
         offsets: dict[str, Any],
-        exactly_once: bool,
     ) -> PostgresCommit:
         staging = sql.Identifier("onceflow", staging_name)
+        window_id = marker.window_id
         conn = self.ledger.connect(epoch)
         xid: str | None = None
         commit_sent = False
         try:
             conn.execute("SET LOCAL synchronous_commit = on")
-            if exactly_once:
+            if marker.exactly_once:
                 self.ledger.fence(conn, epoch)
-                if self._marker_in(conn, window_id):
+                if marker.exists(conn):
                     conn.rollback()
                     return PostgresCommit(0, None, True)
+            if marker.restate_seq is not None and self.spec.window_column is not None:
+                conn.execute(
+                    sql.SQL("DELETE FROM {} WHERE {} = %s").format(
+                        self.target, sql.Identifier(self.spec.window_column)
+                    ),
+                    (window_id,),
+                )
             rows = self._apply(conn, staging)
+            if marker.restate_seq is not None and self.spec.mode == "accumulate":
+                self._drop_emptied(conn, staging)
             row = conn.execute("SELECT pg_current_xact_id()::text").fetchone()
             assert row is not None
             xid = str(row[0])
-            conn.execute(
-                _INSERT_MARKER if exactly_once else _UPSERT_MARKER,
-                (self.job, self.spec.name, window_id, epoch, run_id, json.dumps(offsets), rows),
-            )
+            marker.insert(conn, epoch, run_id, offsets, rows)
             faults.point("before_pg_commit", window_id)
             if faults_wants_unanswered(window_id):
                 conn.pgconn.send_query(b"COMMIT")
@@ -334,8 +439,7 @@ class PostgresTableSink:
                 self.spec.name,
                 window_id,
             )
-            committed = self.resolve_unanswered_commit(window_id, xid)
-            if not committed:
+            if not self.resolve_unanswered_commit(marker, xid):
                 raise TransientSinkError("COMMIT was not applied by the server") from None
             self._drop(staging)
             return PostgresCommit(rows, xid, False, resolved_after_unanswered_commit=True)
@@ -347,8 +451,25 @@ class PostgresTableSink:
         self._drop(staging)
         return PostgresCommit(rows, xid, False)
 
-    def resolve_unanswered_commit(self, window_id: int, xid: str) -> bool:
-        """Decide whether the transaction `xid` that wrote `window_id` committed.
+    def _drop_emptied(self, conn: psycopg.Connection, staging: sql.Composable) -> None:
+        """After a restatement, remove accumulated rows that no longer hold anything."""
+        spec = self.spec
+        conn.execute(
+            sql.SQL("DELETE FROM {} AS t USING {} AS s WHERE {} AND {}").format(
+                self.target,
+                staging,
+                sql.SQL(" AND ").join(
+                    sql.SQL("t.{} = s.{}").format(sql.Identifier(k), sql.Identifier(k))
+                    for k in spec.key
+                ),
+                sql.SQL(" AND ").join(
+                    sql.SQL("t.{} = 0").format(sql.Identifier(c)) for c in spec.accumulate
+                ),
+            )
+        )
+
+    def resolve_unanswered_commit(self, marker: _Marker, xid: str) -> bool:
+        """Decide whether the transaction `xid` that carried `marker` committed.
 
         The marker decides: it commits if and only if the rows did. `pg_xact_status` is only
         consulted to wait while the transaction is still in progress; after a server crash an
@@ -359,12 +480,7 @@ class PostgresTableSink:
         while time.monotonic() < deadline:
             try:
                 with connect(self._dsn) as conn:
-                    row = conn.execute(
-                        "SELECT xid::text FROM onceflow.sink_commits"
-                        " WHERE job = %s AND sink = %s AND window_id = %s",
-                        (self.job, self.spec.name, window_id),
-                    ).fetchone()
-                    if row is not None:
+                    if marker.exists(conn):
                         return True  # ours, or a newer run's: either way the window is there
                     try:
                         status = conn.execute("SELECT pg_xact_status(%s::xid8)", (xid,)).fetchone()
@@ -373,25 +489,15 @@ class PostgresTableSink:
                         status = None
                     if status is None or status[0] != "in progress":
                         return False
-            except (psycopg.OperationalError, SinkError, Exception) as exc:  # server restarting
-                _log.info("resolving window %d: %s; retrying", window_id, type(exc).__name__)
+            except Exception as exc:  # the server may be restarting: keep asking until the deadline
+                _log.info("resolving window %d: %s; retrying", marker.window_id, type(exc).__name__)
             time.sleep(delay)
             delay = min(delay * 2, 2.0)
         raise CommitUnknownError(
-            f"sink {self.spec.name}: could not learn whether window {window_id} committed within "
-            f"{RESOLVE_TIMEOUT_S:.0f}s; the server is unreachable. Run the job again: it decides "
-            "by the commit marker."
+            f"sink {self.spec.name}: could not learn whether window {marker.window_id} committed "
+            f"within {RESOLVE_TIMEOUT_S:.0f}s; the server is unreachable. Run the job again: it "
+            "decides by the commit marker."
         )
-
-    def _marker(self, window_id: int) -> dict[str, Any] | None:
-        return self.ledger.markers(self.spec.name, [window_id]).get(window_id)
-
-    def _marker_in(self, conn: psycopg.Connection, window_id: int) -> bool:
-        row = conn.execute(
-            "SELECT 1 FROM onceflow.sink_commits WHERE job = %s AND sink = %s AND window_id = %s",
-            (self.job, self.spec.name, window_id),
-        ).fetchone()
-        return row is not None
 
     def _drop(self, staging: sql.Composable) -> None:
         try:

@@ -1,0 +1,165 @@
+"""Reconcile a Delta sink: diff its snapshot with the expected rows, repair in one commit.
+
+The repair is one Delta commit made against the snapshot the diff read, with
+`max_commit_retries=0`: it removes every file holding a row that must go and adds the files
+rewritten without those rows plus the missing copies. If anyone commits in between, the commit
+fails and nothing changes (reconcile again).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import unquote, urlparse
+
+import pyarrow as pa
+from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake.exceptions import CommitFailedError
+from deltalake.transaction import RemoveAction
+
+from onceflow.errors import TransientSinkError
+from onceflow.sinks.delta import META_PREFIX, DeltaTableSink
+
+from ._diff import Diff, multiset_diff
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+_FILE_COL = "__onceflow_file"
+
+
+def _local(uri: str) -> str:
+    """A file URI or path as a resolved local path, so Spark's and Delta's spellings meet."""
+    parsed = urlparse(uri)
+    path = unquote(parsed.path) if parsed.scheme in ("file", "") else uri
+    return str(Path(path).resolve()) if parsed.scheme in ("file", "") else path
+
+
+def read_snapshot(spark: SparkSession, table: DeltaTable) -> DataFrame:
+    """The rows of `table`'s loaded version on Spark, with the file each row is in."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    schema = from_arrow_schema(pa.schema(table.schema().to_arrow()))
+    files = table.file_uris()
+    if not files:
+        return spark.createDataFrame([], schema).withColumn(_FILE_COL, F.lit(None).cast("string"))
+    return (
+        spark.read.schema(schema)
+        .parquet(*files)
+        .withColumn(_FILE_COL, F.col("_metadata.file_path"))
+    )
+
+
+def reconcile_delta(
+    spark: SparkSession,
+    sink: DeltaTableSink,
+    table: DeltaTable,
+    expected: DataFrame,
+    *,
+    prepare_actual: Callable[[DataFrame], DataFrame],
+    workdir: Path,
+    epoch: int | None,
+    run_id: str,
+) -> Diff:
+    """Diff the table (keyless: whole rows, counted) with `expected`; repair if `epoch` is set.
+
+    Args:
+        spark: The Spark session.
+        sink: The sink.
+        table: The table, loaded at the version to compare (and to commit against).
+        expected: The expected rows with the table's columns and types.
+        prepare_actual: Narrows the actual rows to those under comparison.
+        workdir: A folder for the diff.
+        epoch: The reconcile's epoch; None for a dry run.
+        run_id: Recorded in the repair commit.
+    """
+    snapshot = read_snapshot(spark, table)
+    columns = [c for c in snapshot.columns if c != _FILE_COL]
+    diff = multiset_diff(
+        expected.select(*columns),
+        prepare_actual(snapshot).select(*columns),
+        columns,
+        (),
+        workdir / f"diff_{sink.sink}",
+    )
+    if epoch is None or diff.empty:
+        return diff
+    _repair(spark, sink, table, snapshot, diff, columns, epoch, run_id)
+    return diff
+
+
+def _repair(
+    spark: SparkSession,
+    sink: DeltaTableSink,
+    table: DeltaTable,
+    snapshot: DataFrame,
+    diff: Diff,
+    columns: list[str],
+    epoch: int,
+    run_id: str,
+) -> None:
+    from pyspark.sql import functions as F
+
+    gone = diff.deletes().select(*[F.col(c).alias(f"__r_{c}") for c in columns])
+    same_row = None
+    for c in columns:
+        term = F.col(c).eqNullSafe(F.col(f"__r_{c}"))
+        same_row = term if same_row is None else same_row & term
+    assert same_row is not None
+    hit = [
+        r[0]
+        for r in snapshot.join(gone, same_row, "left_semi").select(_FILE_COL).distinct().collect()
+    ]
+    kept = (
+        snapshot.where(F.col(_FILE_COL).isin(hit))
+        .join(gone, same_row, "left_anti")
+        .select(*columns)
+    )
+    adds = sink.write_files(kept.unionByName(diff.inserts().select(*columns)), 0, epoch)
+    by_path = {
+        _local(str(sink.path / unquote(a["path"]))): a
+        for a in pa.table(table.get_add_actions(flatten=True)).to_pylist()
+    }
+    now_ms = int(time.time() * 1000)
+    removes = []
+    for uri in hit:
+        add = by_path[_local(uri)]
+        removes.append(
+            RemoveAction(
+                path=add["path"],
+                data_change=True,
+                deletion_timestamp=now_ms,
+                size=add["size_bytes"],
+                partition_values={},
+            )
+        )
+    sink._check(table, 0, epoch)
+    try:
+        table.create_write_transaction(
+            [*removes, *adds],
+            mode="append",
+            schema=table.schema(),
+            commit_properties=CommitProperties(
+                custom_metadata={
+                    f"{META_PREFIX}job": sink.job,
+                    f"{META_PREFIX}sink": sink.sink,
+                    f"{META_PREFIX}reconciled": json.dumps(
+                        {"missing": diff.missing, "extra": diff.extra}
+                    ),
+                    f"{META_PREFIX}epoch": str(epoch),
+                    f"{META_PREFIX}run_id": run_id,
+                },
+                max_commit_retries=0,
+                app_transactions=[Transaction(sink.epoch_app, epoch)],
+            ),
+        )
+    except CommitFailedError:
+        sink._discard(adds)
+        raise TransientSinkError(
+            f"sink {sink.sink}: the Delta table changed while it was being reconciled; nothing "
+            "was changed. Run reconcile again."
+        ) from None

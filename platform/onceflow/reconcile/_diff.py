@@ -1,0 +1,135 @@
+"""A multiset diff of two DataFrames on Spark: by key, or by whole row for keyless sinks."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import reduce
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
+
+# Columns of a diff frame besides the match columns.
+N_EXPECTED = "__ne"  # copies (keyless) or rows (keyed) the sink should hold
+N_ACTUAL = "__na"  # copies or rows it holds
+EXPECTED_VALUES = "__ev"  # keyed: struct of the expected non-key values
+
+
+@dataclass(frozen=True)
+class Diff:
+    """A materialised diff: one row per match value whose expected and actual sides differ.
+
+    Repair from it: delete every actual row matching a row with `__na > 0`, insert the
+    expected values of every row with `__ne > 0` (`__ne` copies).
+    """
+
+    frame: DataFrame
+    match: list[str]
+    values: list[str]
+    missing: int
+    extra: int
+    changed: int
+
+    @property
+    def empty(self) -> bool:
+        return self.missing == self.extra == self.changed == 0
+
+    def deletes(self) -> DataFrame:
+        """The match columns of every group whose actual rows must go."""
+        from pyspark.sql import functions as F
+
+        return self.frame.where(F.col(N_ACTUAL) > 0).select(*self.match)
+
+    def inserts(self) -> DataFrame:
+        """The expected rows to insert, one per copy, with columns match + values."""
+        from pyspark.sql import functions as F
+
+        rows = self.frame.where(F.col(N_EXPECTED) > 0).withColumn(
+            "__copy", F.explode(F.sequence(F.lit(1), F.col(N_EXPECTED).cast("int")))
+        )
+        values = [F.col(EXPECTED_VALUES)[c].alias(c) for c in self.values]
+        return rows.select(*self.match, *values)
+
+
+def multiset_diff(
+    expected: DataFrame,
+    actual: DataFrame,
+    columns: Sequence[str],
+    key: Sequence[str],
+    path: Path,
+) -> Diff:
+    """Compare `expected` with `actual` over `columns` and write the difference to `path`.
+
+    Both sides must have `columns` with the same types. With a `key`, rows are matched by key
+    and compared by value (nulls equal): a key only expected is missing, a key only actual is
+    extra (every copy), a key on both sides with other values is changed, and surplus copies
+    of a key are extra. Without a key, whole rows are counted as a multiset.
+
+    Args:
+        expected: The expected rows.
+        actual: The rows the sink holds.
+        columns: The columns to compare.
+        key: The key columns, or empty for a whole-row comparison.
+        path: Where to write the diff (Parquet).
+
+    Returns:
+        The diff with its counts; only the counts reach the driver.
+    """
+    from pyspark.sql import functions as F
+
+    match = list(key) if key else list(columns)
+    values = [c for c in columns if c not in match]
+
+    def side(df: DataFrame, is_expected: bool) -> DataFrame:
+        cols: list[Column | str] = list(match)
+        if values:
+            cols.append(F.struct(*values).alias("__v"))
+        return df.select(
+            *cols,
+            F.lit(1 if is_expected else 0).alias("__e"),
+            F.lit(0 if is_expected else 1).alias("__a"),
+        )
+
+    both = side(expected, True).unionByName(side(actual, False))
+    aggs = [
+        F.sum("__e").cast("bigint").alias(N_EXPECTED),
+        F.sum("__a").cast("bigint").alias(N_ACTUAL),
+    ]
+    if values:
+        aggs += [
+            F.first(F.when(F.col("__e") == 1, F.col("__v")), ignorenulls=True).alias(
+                EXPECTED_VALUES
+            ),
+            F.first(F.when(F.col("__a") == 1, F.col("__v")), ignorenulls=True).alias("__av"),
+        ]
+    grouped = both.groupBy(*match).agg(*aggs)
+    ne, na = F.col(N_EXPECTED), F.col(N_ACTUAL)
+    if values:
+        same_values = reduce(
+            lambda a, b: a & b,
+            [F.col(EXPECTED_VALUES)[c].eqNullSafe(F.col("__av")[c]) for c in values],
+        )
+        differs = (ne > 0) & (na > 0) & ~same_values
+        bad = (ne != 1) | (na != 1) | ~same_values
+    else:
+        differs = F.lit(False)
+        bad = ne != na
+    frame = grouped.where(bad).withColumn("__changed", differs)
+    frame.write.mode("overwrite").parquet(str(path))
+    frame = frame.sparkSession.read.parquet(str(path))
+    ne, na = F.col(N_EXPECTED), F.col(N_ACTUAL)
+    if key:
+        missing = F.when((ne > 0) & (na == 0), ne).otherwise(0)
+        extra = F.when(ne == 0, na).otherwise(F.greatest(na - ne, F.lit(0)))
+    else:
+        missing = F.greatest(ne - na, F.lit(0))
+        extra = F.greatest(na - ne, F.lit(0))
+    row = frame.agg(
+        F.coalesce(F.sum(missing), F.lit(0)).alias("missing"),
+        F.coalesce(F.sum(extra), F.lit(0)).alias("extra"),
+        F.coalesce(F.sum(F.col("__changed").cast("bigint")), F.lit(0)).alias("changed"),
+    ).first()
+    assert row is not None
+    return Diff(frame, match, values, int(row["missing"]), int(row["extra"]), int(row["changed"]))

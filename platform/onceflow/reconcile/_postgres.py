@@ -1,0 +1,295 @@
+"""Reconcile a PostgreSQL sink: read it on Spark, diff it, repair it in one fenced transaction.
+
+Reading without a JDBC driver: executors read the table with psycopg, each a range of the
+table's blocks (`ctid` TID range scans, PostgreSQL 14+), all under one snapshot exported by the
+driver's transaction. Chosen over COPY TO STDOUT into Parquet because that funnels every row
+through the driver and a temporary copy; here each block is read once, by one executor, no row
+reaches the driver, and the exported snapshot gives all executors the same consistent view.
+In a repair, the driver's transaction first fences (epoch) and locks the table against writers
+(readers still pass), so the table cannot change between the snapshot the diff saw and the
+DELETE/INSERT that repairs it; both happen in that one transaction.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg import sql
+
+from onceflow.errors import CommitUnknownError
+from onceflow.ledger import Ledger, application_name
+from onceflow.postgres import connect
+from onceflow.sinks.postgres import PostgresTableSink, _copy_partition
+
+from ._diff import Diff, multiset_diff
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame, SparkSession
+
+# Spark and Arrow types of the PostgreSQL column types a sink may declare (job.PG_TYPES).
+_SPARK_TYPES = {
+    "text": "STRING",
+    "bigint": "BIGINT",
+    "integer": "INT",
+    "double precision": "DOUBLE",
+    "numeric": "DECIMAL(38,18)",
+    "timestamptz": "TIMESTAMP",
+    "boolean": "BOOLEAN",
+    "date": "DATE",
+}
+# Rows an executor fetches from its server-side cursor at a time.
+_FETCH_ROWS = 10_000
+# The highest block number a tid can name: the last range is open-ended.
+_MAX_BLOCK = 4_294_967_295
+
+
+def spark_schema(columns: dict[str, str]) -> str:
+    """The Spark DDL schema of a PostgreSQL sink's columns."""
+    return ", ".join(f"`{name}` {_SPARK_TYPES[pg]}" for name, pg in columns.items())
+
+
+def _arrow_type(pg_type: str) -> pa.DataType:
+    import pyarrow as pa
+
+    return {
+        "text": pa.string(),
+        "bigint": pa.int64(),
+        "integer": pa.int32(),
+        "double precision": pa.float64(),
+        "numeric": pa.decimal128(38, 18),
+        "timestamptz": pa.timestamp("us", tz="UTC"),
+        "boolean": pa.bool_(),
+        "date": pa.date32(),
+    }[pg_type]
+
+
+def _read_ranges(
+    dsn: str, app_name: str, snapshot: str, query: str, columns: dict[str, str]
+) -> Any:
+    """A mapInArrow function: read each (lo, hi) block range of the table under `snapshot`."""
+    names = list(columns)
+    types = [_arrow_type(t) for t in columns.values()]
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import psycopg
+        import pyarrow as pa
+        from psycopg import sql
+
+        schema = pa.schema(list(zip(names, types, strict=True)))
+        with psycopg.connect(dsn, application_name=app_name) as conn:
+            conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+            conn.read_only = True
+            conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot)))
+            for batch in batches:
+                for lo, hi in zip(
+                    batch.column("lo").to_pylist(), batch.column("hi").to_pylist(), strict=True
+                ):
+                    with conn.cursor(name=f"reconcile_{uuid.uuid4().hex[:8]}") as cur:
+                        cur.execute(query.encode(), {"lo": f"({lo},0)", "hi": f"({hi},0)"})
+                        while rows := cur.fetchmany(_FETCH_ROWS):
+                            yield pa.RecordBatch.from_arrays(
+                                [
+                                    pa.array([r[i] for r in rows], type=t)
+                                    for i, t in enumerate(types)
+                                ],
+                                schema=schema,
+                            )
+            conn.rollback()
+
+    return run
+
+
+def read_postgres(
+    spark: SparkSession,
+    dsn: str,
+    conn: psycopg.Connection,
+    sink: PostgresTableSink,
+    *,
+    job_filter: str | None = None,
+) -> DataFrame:
+    """The sink's table as a DataFrame, read by the executors under `conn`'s snapshot.
+
+    `conn` must be inside a transaction that stays open until the DataFrame has been used;
+    the data is the table as of the moment of this call.
+
+    Args:
+        spark: The Spark session.
+        dsn: The DSN, handed to the executors (never logged).
+        conn: The driver's open transaction, whose snapshot the executors import.
+        sink: The sink.
+        job_filter: Only rows whose `job` column equals this (shared tables like quarantine).
+    """
+    spec = sink.spec
+    row = conn.execute("SELECT pg_export_snapshot()").fetchone()
+    assert row is not None
+    snapshot = str(row[0])
+    row = conn.execute(
+        "SELECT pg_relation_size(to_regclass(format('%%I.%%I', %s, %s)))"
+        " / current_setting('block_size')::bigint",
+        (spec.schema, spec.table),
+    ).fetchone()
+    blocks = int(row[0]) if row and row[0] is not None else 0
+    ranges = max(1, min(spark.sparkContext.defaultParallelism * 2, blocks))
+    step = -(-max(blocks, 1) // ranges)
+    bounds = [(i * step, (i + 1) * step) for i in range(ranges)]
+    bounds[-1] = (bounds[-1][0], _MAX_BLOCK)
+    select = [
+        sql.SQL("{}::numeric(38,18)").format(sql.Identifier(c))
+        if t == "numeric"
+        else sql.Identifier(c)
+        for c, t in spec.columns.items()
+    ]
+    where = sql.SQL("ctid >= %(lo)s::tid AND ctid < %(hi)s::tid")
+    if job_filter is not None:
+        where = sql.SQL("{} AND {} = {}").format(
+            where, sql.Identifier("job"), sql.Literal(job_filter)
+        )
+    query = (
+        sql.SQL("SELECT {} FROM {} WHERE {}")
+        .format(sql.SQL(", ").join(select), sink.target, where)
+        .as_string(conn)
+    )
+    reader = _read_ranges(dsn, "onceflow/reconcile-read", snapshot, query, dict(spec.columns))
+    specs = spark.createDataFrame(bounds, "lo BIGINT, hi BIGINT").repartition(len(bounds))
+    return specs.mapInArrow(reader, spark_schema(dict(spec.columns)))
+
+
+def reconcile_postgres(
+    spark: SparkSession,
+    dsn: str,
+    ledger: Ledger,
+    sink: PostgresTableSink,
+    expected: DataFrame,
+    *,
+    prepare_actual: Any,
+    key: Sequence[str],
+    workdir: Path,
+    epoch: int | None,
+    job_filter: str | None = None,
+) -> Diff:
+    """Diff the sink with `expected`; when `epoch` is given, repair it in one transaction.
+
+    Args:
+        spark: The Spark session.
+        dsn: The DSN.
+        ledger: The job's ledger (fencing).
+        sink: The sink.
+        expected: The expected rows, with the sink's columns and types.
+        prepare_actual: Narrows the actual rows to those under comparison (a function).
+        key: Match columns (the sink's key), or empty for whole rows.
+        workdir: A folder for the diff.
+        epoch: The reconcile's epoch; None for a dry run.
+        job_filter: Only compare rows whose `job` column is this.
+    """
+    spec = sink.spec
+    columns = list(spec.columns)
+    repair = epoch is not None
+    conn = ledger.connect(epoch) if repair else connect(dsn)
+    staged: list[str] = []
+    try:
+        # The diff can outlast the ledger's idle-in-transaction limit; a frozen reconcile is
+        # still ended by the next run, which terminates sessions of older epochs.
+        conn.execute("SET idle_in_transaction_session_timeout = 0")
+        conn.commit()
+        if repair:
+            assert epoch is not None
+            conn.execute("SET LOCAL synchronous_commit = on")
+            ledger.fence(conn, epoch)
+            conn.execute(sql.SQL("LOCK TABLE {} IN EXCLUSIVE MODE").format(sink.target))
+        else:
+            conn.read_only = True
+        actual = prepare_actual(read_postgres(spark, dsn, conn, sink, job_filter=job_filter))
+        diff = multiset_diff(expected.select(*columns), actual.select(*columns), columns, key,
+                             workdir / f"diff_{spec.name}")  # fmt: skip
+        if not repair or diff.empty:
+            conn.rollback()
+            return diff
+        assert epoch is not None
+        staged = _apply(spark, dsn, conn, sink, diff, epoch, keyed=bool(key))
+        try:
+            conn.commit()
+        except psycopg.OperationalError:
+            raise CommitUnknownError(
+                f"sink {spec.name}: the repair's COMMIT got no answer; run reconcile again "
+                "(with --dry-run) to see whether it applied."
+            ) from None
+        return diff
+    finally:
+        conn.close()
+        _drop(dsn, staged)
+
+
+def _apply(
+    spark: SparkSession,
+    dsn: str,
+    conn: psycopg.Connection,
+    sink: PostgresTableSink,
+    diff: Diff,
+    epoch: int,
+    *,
+    keyed: bool,
+) -> list[str]:
+    """Inside `conn`'s transaction: delete the differing rows, insert the expected ones.
+
+    Returns the staging tables used, to drop once the transaction has ended (dropping them
+    earlier would wait on this transaction's locks).
+    """
+    spec = sink.spec
+    app = application_name(sink.job, epoch)
+    digest = hashlib.sha1(f"{sink.job}/{spec.name}/{epoch}".encode()).hexdigest()[:16]
+    del_name, ins_name = f"reconcile_{digest}_del", f"reconcile_{digest}_ins"
+    match = diff.match
+    columns = [*diff.match, *diff.values]
+    staged = [(del_name, match), (ins_name, columns)]
+    with connect(dsn, autocommit=True, application_name=app) as ddl:
+        for name, cols in staged:
+            target = sql.Identifier("onceflow", name)
+            ddl.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(target))
+            ddl.execute(
+                sql.SQL("CREATE UNLOGGED TABLE {} ({})").format(
+                    target,
+                    sql.SQL(", ").join(
+                        sql.SQL("{} {}").format(sql.Identifier(c), sql.SQL(spec.columns[c]))
+                        for c in cols
+                    ),
+                )
+            )
+    for (name, cols), rows in zip(staged, (diff.deletes(), diff.inserts()), strict=True):
+        copier = _copy_partition(dsn, app, "onceflow", name, cols)
+        rows.select(*cols).mapInArrow(copier, "rows long").groupBy().sum("rows").collect()
+    # Keys are NOT NULL, so `=` (which can use the key's index); whole rows may hold nulls.
+    equal = "t.{} = s.{}" if keyed else "t.{} IS NOT DISTINCT FROM s.{}"
+    condition = sql.SQL(" AND ").join(
+        sql.SQL(equal).format(sql.Identifier(c), sql.Identifier(c)) for c in match
+    )
+    conn.execute(
+        sql.SQL("DELETE FROM {} AS t USING {} AS s WHERE {}").format(
+            sink.target, sql.Identifier("onceflow", del_name), condition
+        )
+    )
+    col_list = sql.SQL(", ").join(sql.Identifier(c) for c in columns)
+    conn.execute(
+        sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {}").format(
+            sink.target, col_list, col_list, sql.Identifier("onceflow", ins_name)
+        )
+    )
+    return [del_name, ins_name]
+
+
+def _drop(dsn: str, names: list[str]) -> None:
+    if not names:
+        return
+    try:
+        with connect(dsn, autocommit=True) as conn:
+            for name in names:
+                conn.execute(
+                    sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier("onceflow", name))
+                )
+    except Exception:  # staging litter is harmless; a later reconcile drops it
+        pass

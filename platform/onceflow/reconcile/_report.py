@@ -1,0 +1,108 @@
+"""What a reconciliation found and did: per-sink counts and the windows it could not check."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SinkDiff:
+    """The difference between one sink and its expected state.
+
+    Attributes:
+        sink: The sink's name.
+        missing: Expected rows (or row copies, for keyless sinks) the sink lacks.
+        extra: Rows (or copies) the sink holds that it should not.
+        changed: Keys present on both sides with different values (keyed sinks only; a
+            keyless sink reports a changed row as one missing and one extra copy).
+        repaired: True when the difference was applied to the sink.
+        skipped: Why the sink was not compared, or None when it was.
+    """
+
+    sink: str
+    missing: int
+    extra: int
+    changed: int
+    repaired: bool
+    skipped: str | None = None
+
+    @property
+    def clean(self) -> bool:
+        return self.skipped is None and self.missing == self.extra == self.changed == 0
+
+
+@dataclass(frozen=True)
+class ReconcileReport:
+    """The outcome of one reconciliation of a job.
+
+    Attributes:
+        job: The job's name.
+        mode: `full` or `incremental`.
+        dry_run: True when nothing was repaired.
+        windows_checked: Windows whose rows were compared with their expected state.
+        unverifiable: Windows whose input is gone or changed, with the reason; their rows
+            were left alone.
+        sinks: One entry per sink.
+        wall_s: Wall-clock seconds the reconciliation took.
+    """
+
+    job: str
+    mode: str
+    dry_run: bool
+    windows_checked: list[int]
+    unverifiable: list[tuple[int, str]]
+    sinks: list[SinkDiff]
+    wall_s: float
+
+    @property
+    def clean(self) -> bool:
+        """True when every sink matched its expected state and every window was checkable."""
+        return not self.unverifiable and all(s.clean for s in self.sinks)
+
+
+def _ranges(ids: list[int]) -> str:
+    if not ids:
+        return "none"
+    parts: list[str] = []
+    start = prev = ids[0]
+    for wid in [*ids[1:], None]:
+        if wid is not None and wid == prev + 1:
+            prev = wid
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        if wid is not None:
+            start = prev = wid
+    return ", ".join(parts)
+
+
+def format_report(report: ReconcileReport) -> str:
+    """Render a report as the `onceflow reconcile` command prints it.
+
+    Args:
+        report: What `reconcile` returned.
+
+    Returns:
+        A few lines of text: the windows checked, any unverifiable windows, and per sink
+        the missing, extra and changed counts and whether they were repaired.
+    """
+    action = "dry run" if report.dry_run else "repair"
+    lines = [
+        f"reconcile {report.job} ({report.mode}, {action}) in {report.wall_s:.1f}s",
+        f"windows checked: {_ranges(sorted(report.windows_checked))}",
+    ]
+    for wid, reason in report.unverifiable:
+        lines.append(f"window {wid}: unverifiable, input gone ({reason}); its rows left alone")
+    width = max([len(s.sink) for s in report.sinks] + [4])
+    lines.append(f"{'sink':<{width}}  {'missing':>8}  {'extra':>8}  {'changed':>8}  state")
+    for s in report.sinks:
+        if s.skipped is not None:
+            state = f"not checked: {s.skipped}"
+        elif s.clean:
+            state = "ok"
+        elif s.repaired:
+            state = "repaired"
+        else:
+            state = "differs" if report.dry_run else "differs, not repaired"
+        lines.append(f"{s.sink:<{width}}  {s.missing:>8}  {s.extra:>8}  {s.changed:>8}  {state}")
+    lines.append("clean" if report.clean else "NOT clean")
+    return "\n".join(lines)
