@@ -107,7 +107,7 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from onceflow.quality_targets import validate_job
+    from onceflow.validation import validate_job
 
     engine = _engine(args.job)
     report = validate_job(engine)

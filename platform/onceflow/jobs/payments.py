@@ -179,4 +179,15 @@ PAYMENTS = Job(
         ),
     ),
     quarantine_sink="pg_quarantine",
+    metadata={
+        "regex": {"currency": r"^[A-Z]{3}$"},
+        "sums": {
+            "pg_merchant_balances": {
+                "source_sink": "pg_payments",
+                "amount": "amount_cents",
+                "total": "total_cents",
+                "count": "payment_count",
+            }
+        },
+    },
 )
