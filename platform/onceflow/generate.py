@@ -283,7 +283,7 @@ class _Builder:
                 currency = CURRENCIES[int(rng.random() * len(CURRENCIES))]
                 amount = self._amount()
             else:
-                merchant = f"m-edge-{edge:02d}"
+                merchant = f"m-edge-{self.seed}-{edge:02d}"
                 currency = CURRENCIES[edge % len(CURRENCIES)]
                 amount = EDGE_AMOUNTS[edge]
             self.payments.append(

@@ -315,12 +315,11 @@ def validate(
     Raises:
         psycopg.Error: The ledger cannot be read.
     """
-    pg_needed = any(isinstance(t, PostgresTableTarget | SumConsistency) for t in targets)
     if spark is None and any(isinstance(t, DeltaTableTarget) for t in targets):
         from onceflow.spark import build_spark_session
 
         spark = build_spark_session()
-    session = GxSession(job, dsn=dsn if pg_needed else None, docs_dir=data_docs_dir)
+    session = GxSession(job, dsn=dsn, docs_dir=data_docs_dir)
     results: list[CheckResult] = []
     timings: dict[str, float] = {}
     try:

@@ -130,7 +130,7 @@ def read_postgres(
     assert row is not None
     snapshot = str(row[0])
     row = conn.execute(
-        "SELECT pg_relation_size(to_regclass(format('%%I.%%I', %s, %s)))"
+        "SELECT pg_relation_size(to_regclass(format('%%I.%%I', %s::text, %s::text)))"
         " / current_setting('block_size')::bigint",
         (spec.schema, spec.table),
     ).fetchone()

@@ -446,6 +446,13 @@ class PostgresTableSink:
         except psycopg.errors.LockNotAvailable:
             conn.rollback()
             raise TransientSinkError("lock wait timed out") from None
+        except psycopg.errors.NumericValueOutOfRange:
+            conn.rollback()
+            raise SinkError(
+                f"sink {self.spec.name}: window {window_id} would take a value past its column's "
+                "range (an accumulated total no longer fits); nothing was written. Widen the "
+                "column or restate the window."
+            ) from None
         finally:
             conn.close()
         self._drop(staging)
