@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,15 +24,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 @pytest.fixture(scope="session")
-def pg_server_dsn(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
+def pg_server_dsn(request: pytest.FixtureRequest) -> Iterator[str]:
     """DSN of the session's PostgreSQL server (maintenance database)."""
     given = request.config.getoption("--test-dsn")
     if given:
-        return given
+        yield given
+        return
     import pgserver
 
-    server = pgserver.get_server(tmp_path_factory.mktemp("pg"), cleanup_mode="stop")
-    return server.get_uri()
+    # Not under pytest's private (0700) temp root: as root, pgserver runs PostgreSQL as its own
+    # user, which must be able to reach the data folder.
+    data = Path(tempfile.mkdtemp(prefix="onceflow-test-pg-"))
+    data.chmod(0o755)
+    server = pgserver.get_server(data, cleanup_mode="delete")
+    yield server.get_uri()
+    server.cleanup()
 
 
 @pytest.fixture()
@@ -66,7 +73,7 @@ def landing(tmp_path: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def spark():  # noqa: ANN201
+def spark():
     """The test process's one Spark session."""
     from onceflow.spark import build_spark_session
 

@@ -230,8 +230,9 @@ def _validate_delta(
     timings: dict[str, float],
 ) -> tuple[str, list[CheckResult]]:
     # Aggregated on Spark and the one-row aggregate validated by GE, rather than GE on a Spark
-    # DataFrame datasource: GE runs a Spark job per metric (seconds per suite here), while this
-    # is one job with one shuffle and never collects the table onto the driver.
+    # DataFrame datasource: GE runs a Spark job per metric (100k rows, 12 checks, 2 busy cores:
+    # 6-8 s warm and 48 s cold, against 3-4 s and 7 s for this), while this is one Spark job
+    # with one shuffle that returns a single row and never collects the table onto the driver.
     exists = DeltaTable.is_deltatable(target.path)
     ledger: dict[str, int | float | str] = {}
     if exists:
