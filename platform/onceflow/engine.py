@@ -6,7 +6,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -213,6 +213,29 @@ class Engine:
             if self.job.guarantee is Guarantee.NONE:
                 self.ledger.mark_completed(window.window_id)
             yield window
+
+    def commit_state(self, window_ids: Sequence[int] | None = None) -> dict[int, set[str]]:
+        """For each window (default: every planned one), the sinks that hold it.
+
+        One look at each Delta table and one query per PostgreSQL sink, whatever the number
+        of windows.
+        """
+        if window_ids is None:
+            window_ids = [w.window_id for w in self.ledger.windows()]
+        through = {name: s.committed_through() for name, s in self.delta.items()}
+        state = {wid: {n for n, t in through.items() if t >= wid} for wid in window_ids}
+        for name in self.postgres:
+            for wid in self.ledger.markers(name, list(window_ids)):
+                state[wid].add(name)
+        return state
+
+    def restate_window(
+        self, window_id: int, run_id: str, request_id: str | None = None
+    ) -> WindowResult:
+        """Replace `window_id`'s effect in every sink (see `onceflow.restate`)."""
+        from onceflow.restate import restate_window
+
+        return restate_window(self, window_id, run_id=run_id, request_id=request_id)
 
     def committed_sinks(self, window_id: int) -> set[str]:
         """The sinks that hold `window_id`."""

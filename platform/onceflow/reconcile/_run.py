@@ -128,14 +128,6 @@ def _record_verified(engine: Engine, verified: dict[str, int]) -> None:
         conn.commit()
 
 
-def _window_column(columns: list[str], quarantine: bool) -> str | None:
-    if "_window_id" in columns:
-        return "_window_id"
-    if quarantine and "window_id" in columns:
-        return "window_id"
-    return None
-
-
 def _outside(column: Column, skip: set[int], since: int) -> Column:
     """Rows to compare: not in a skipped window, after `since`; rows without a window too."""
 
@@ -221,7 +213,7 @@ def reconcile(
         checked: set[int] = set()
         newly_verified: dict[str, int] = {}
         for sink in job.sinks:
-            diff, committed, since = _reconcile_sink(
+            diff, committed, compared = _reconcile_sink(
                 engine, sink, outputs.get(sink.output), bad, verified, epoch, run_id, workdir
             )
             if isinstance(diff, str):
@@ -231,7 +223,6 @@ def reconcile(
                 SinkDiff(sink.name, diff.missing, diff.extra, diff.changed,
                          repaired=epoch is not None and not diff.empty)
             )  # fmt: skip
-            compared = {w for w in committed if w > since and w not in bad}
             checked |= compared
             first_bad = min(bad) if bad else None
             through = max((w for w in committed if first_bad is None or w < first_bad), default=0)
@@ -260,9 +251,13 @@ def _reconcile_sink(
     epoch: int | None,
     run_id: str,
     workdir: Path,
-) -> tuple[Diff | str, set[int], int]:
-    """Diff (and repair) one sink; returns the diff or why it was skipped, its committed
-    windows and the window after which rows were compared."""
+) -> tuple[Diff | str, set[int], set[int]]:
+    """Diff (and repair) one sink.
+
+    Returns the diff (or why the sink was skipped), the windows the sink has committed, and
+    the windows whose rows were compared one by one (none for a sink without a window column,
+    such as an accumulate sink, whose rows mix windows).
+    """
     import pyarrow as pa
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_schema
@@ -275,7 +270,7 @@ def _reconcile_sink(
     if isinstance(sink, DeltaSink):
         delta = engine.delta[sink.name]
         if not delta.exists():
-            return "the Delta table does not exist yet", set(), since
+            return "the Delta table does not exist yet", set(), set()
         table = delta.table()
         through = table.transaction_version(delta.app_id) or 0
         committed = {w.window_id for w in engine.ledger.windows() if w.window_id <= through}
@@ -285,9 +280,12 @@ def _reconcile_sink(
         committed = set(pg.committed_windows())
         schema = _parse_datatype_string(spark_schema(dict(sink.columns)))
     columns = [f.name for f in schema.fields]
-    window_col = _window_column(columns, quarantine)
+    if isinstance(sink, PostgresSink):
+        window_col = sink.window_column
+    else:
+        window_col = "_window_id" if "_window_id" in columns else None
     if window_col is None and bad:
-        return "holds rows of unverifiable windows", committed, since
+        return "holds rows of unverifiable windows", committed, set()
     if window_col is None:
         since = 0
     compare = {w for w in committed if w > since and w not in bad}
@@ -321,4 +319,4 @@ def _reconcile_sink(
             prepare_actual=prepare_actual, key=sink.key, workdir=workdir, epoch=epoch,
             job_filter=job.name if quarantine else None,
         )  # fmt: skip
-    return diff, committed, since
+    return diff, committed, compare if window_col is not None else set()

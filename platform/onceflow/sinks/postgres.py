@@ -453,6 +453,16 @@ class PostgresTableSink:
                 "range (an accumulated total no longer fits); nothing was written. Widen the "
                 "column or restate the window."
             ) from None
+        except psycopg.Error as exc:
+            # The server's message and DETAIL quote row values (payments are sensitive): keep
+            # only the error class and SQLSTATE.
+            conn.rollback()
+            raise SinkError(
+                f"sink {self.spec.name}: PostgreSQL refused window {window_id} "
+                f"({type(exc).__name__}, SQLSTATE {exc.sqlstate}); nothing was written. Check "
+                f"the table {self.spec.schema}.{self.spec.table} for constraints or changes made "
+                "outside onceflow."
+            ) from None
         finally:
             conn.close()
         self._drop(staging)

@@ -1,0 +1,100 @@
+"""Asset checks: a job's Great Expectations suites (`onceflow.validation`), one check per sink."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from dagster import (
+    AssetCheckExecutionContext,
+    AssetCheckResult,
+    AssetCheckSpec,
+    AssetKey,
+    MetadataValue,
+    multi_asset_check,
+)
+from dagster._core.definitions.asset_checks.asset_checks_definition import (
+    AssetChecksDefinition,
+)
+
+from onceflow.engine import build_engine
+from onceflow.job import Job
+from resources import OnceflowSettingsResource, PostgresResource, SparkResource
+from resources._annotations import typed
+
+CHECK_NAME = "quality"
+
+
+def build_quality_checks(job: Job, keys: Sequence[AssetKey]) -> list[AssetChecksDefinition]:
+    """One multi-asset check running the job's suites, with one result per sink asset.
+
+    The suites and their rules come from the job's definition (`quality_targets`); the check
+    only runs them and reports counts, never row values.
+    """
+
+    @multi_asset_check(
+        name=f"{job.name}_quality",
+        specs=[
+            AssetCheckSpec(
+                CHECK_NAME,
+                asset=key,
+                description="No duplicate keys; row counts and sums equal what the ledger says.",
+                blocking=True,
+            )
+            for key in keys
+        ],
+        can_subset=True,
+    )
+    @typed
+    def _quality(
+        context: AssetCheckExecutionContext,
+        spark: SparkResource,
+        postgres: PostgresResource,
+        onceflow: OnceflowSettingsResource,
+    ) -> Iterator[AssetCheckResult]:
+        from onceflow.quality import validate
+        from onceflow.validation import quality_targets
+
+        settings = onceflow.settings()
+        engine = build_engine(job, settings, spark.spark_session, postgres.resolve(settings.home))
+        engine.prepare()
+        wanted = {key.asset_key.to_user_string() for key in context.selected_asset_check_keys}
+        targets = [t for t in quality_targets(engine) if t.sink in wanted]
+        docs = settings.home / "data_docs" / job.name
+        report = validate(job.name, targets, dsn=engine.dsn, spark=engine.spark, data_docs_dir=docs)
+        for sink in sorted(wanted):
+            results = [r for r in report.results if r.sink == sink]
+            failed = [r for r in results if not r.passed]
+            metadata = {
+                "checks": MetadataValue.int(len(results)),
+                "failed": MetadataValue.int(len(failed)),
+                "failures": MetadataValue.json(
+                    [{"check": r.check, "observed": r.observed} for r in failed]
+                ),
+                "seconds": MetadataValue.float(
+                    round(_suite_seconds(report.timings, job.name, sink), 3)
+                ),
+            }
+            if report.data_docs:
+                metadata["data_docs"] = MetadataValue.path(report.data_docs)
+            yield AssetCheckResult(
+                asset_key=AssetKey(sink),
+                check_name=CHECK_NAME,
+                passed=not failed,
+                description=None if results else "no rules declared for this sink",
+                metadata=metadata,
+            )
+
+    return [_quality]
+
+
+def _suite_seconds(timings: dict[str, float], job: str, sink: str) -> float:
+    """Wall time of one sink's suites: keys `<job>.<sink>` or `<job>.<sink>.<suffix>`; the
+    `:spark` entries are already inside their suite's time."""
+    name = f"{job}.{sink}"
+    return float(
+        sum(
+            v
+            for k, v in timings.items()
+            if ":" not in k and (k == name or k.startswith(name + "."))
+        )
+    )

@@ -1,0 +1,263 @@
+"""Builds a job's Dagster definitions (assets, checks, jobs, sensors, schedule) from its Job."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+from dagster import (
+    AssetCheckResult,
+    AssetCheckSeverity,
+    AssetCheckSpec,
+    AssetExecutionContext,
+    AssetKey,
+    AssetsDefinition,
+    AssetSpec,
+    DataVersion,
+    JobDefinition,
+    MaterializeResult,
+    MetadataValue,
+    ObserveResult,
+    ScheduleDefinition,
+    SensorDefinition,
+    asset,
+    define_asset_job,
+    multi_asset,
+    observable_source_asset,
+)
+from dagster._core.definitions.asset_checks.asset_checks_definition import (
+    AssetChecksDefinition,
+)
+
+from assets.checks import build_quality_checks
+from assets.config import RecoveryConfig, WindowRunConfig, format_windows
+from assets.runs import delta_version, run_windows, sink_metadata
+from onceflow.engine import Engine, build_engine
+from onceflow.job import DeltaSink, Job
+from resources import OnceflowSettingsResource, PostgresResource, SparkResource
+from resources._annotations import typed
+from sensors import build_failure_sensor, build_new_data_sensor, build_reconcile_schedule
+from sensors.failure import JOB_TAG, KIND_TAG
+
+
+class JobDefs(NamedTuple):
+    """Everything Dagster needs for one onceflow job."""
+
+    assets: list[Any]
+    checks: list[AssetChecksDefinition]
+    sensors: list[SensorDefinition]
+    jobs: list[JobDefinition]
+    schedules: list[ScheduleDefinition]
+
+
+def landing_key(job: Job) -> AssetKey:
+    return AssetKey(f"{job.name}_landing")
+
+
+def sink_key(sink_name: str) -> AssetKey:
+    return AssetKey(sink_name)
+
+
+def make_engine(
+    job: Job,
+    spark: SparkResource,
+    postgres: PostgresResource,
+    onceflow: OnceflowSettingsResource,
+) -> Engine:
+    """The engine for one run of `job` on the run's resources."""
+    settings = onceflow.settings()
+    return build_engine(job, settings, spark.spark_session, postgres.resolve(settings.home))
+
+
+def build_job_assets(job: Job) -> JobDefs:
+    """Build the landing source, the sink assets, recovery, checks, jobs, sensors and schedule.
+
+    One run of the sink assets is one run of the engine: it commits every sink, so the assets
+    cannot be materialised apart (`can_subset=False`).
+    """
+    source = _landing_asset(job)
+    sinks = _sink_assets(job)
+    recovery = _recovery_asset(job, sinks)
+    tags = {JOB_TAG: job.name}
+    run_job = define_asset_job(
+        f"{job.name}_job",
+        selection=[spec.key for spec in sinks.specs],
+        tags={**tags, KIND_TAG: "run"},
+        description=f"Runs {job.name}: new data, or a backfill/restatement of chosen windows.",
+    )
+    recovery_job = define_asset_job(
+        f"{job.name}_recovery_job",
+        selection=[recovery.key],
+        tags={**tags, KIND_TAG: "recovery"},
+        description=f"Replays {job.name}'s pending windows, verifies every sink, reconciles.",
+    )
+    return JobDefs(
+        assets=[source, sinks, recovery],
+        checks=build_quality_checks(job, [spec.key for spec in sinks.specs]),
+        sensors=[
+            build_new_data_sensor(job, run_job, tags),
+            build_failure_sensor(job, recovery_job),
+        ],
+        jobs=[run_job, recovery_job],  # type: ignore[list-item]
+        schedules=[build_reconcile_schedule(job, recovery_job)],
+    )
+
+
+def _landing_asset(job: Job) -> Any:
+    @observable_source_asset(
+        key=landing_key(job),
+        group_name=job.name,
+        description=f"Landing files of {job.name} (`{job.source.folder}/*{job.source.suffix}`).",
+    )
+    @typed
+    def _observe(onceflow: OnceflowSettingsResource) -> ObserveResult:
+        files = job.source.discover(onceflow.settings().landing)
+        newest = files[-1] if files else ""
+        return ObserveResult(
+            data_version=DataVersion(f"{len(files)}:{newest}"),
+            metadata={"files": MetadataValue.int(len(files)), "newest_file": newest or "none"},
+        )
+
+    return _observe
+
+
+def _sink_assets(job: Job) -> AssetsDefinition:
+    specs = [
+        AssetSpec(
+            key=sink_key(sink.name),
+            deps=[landing_key(job)],
+            group_name=job.name,
+            kinds={"delta"} if isinstance(sink, DeltaSink) else {"postgres"},
+            description=f"{sink.kind} table `{sink.table}` ({job.name} output `{sink.output}`).",
+            metadata={"onceflow/job": job.name, "onceflow/sink": sink.name},
+        )
+        for sink in job.sinks
+    ]
+
+    @multi_asset(
+        name=f"{job.name}_run",
+        specs=specs,
+        can_subset=False,
+        description=job.description or f"One run of the onceflow job {job.name}.",
+        op_tags={JOB_TAG: job.name},
+    )
+    @typed
+    def _run(
+        context: AssetExecutionContext,
+        config: WindowRunConfig,
+        spark: SparkResource,
+        postgres: PostgresResource,
+        onceflow: OnceflowSettingsResource,
+    ) -> Iterator[MaterializeResult]:
+        engine = make_engine(job, spark, postgres, onceflow)
+        report = run_windows(engine, config, context.run_id, context.log)
+        for sink in job.sinks:
+            version = (
+                delta_version(engine, sink.name, report) if isinstance(sink, DeltaSink) else None
+            )
+            yield MaterializeResult(
+                asset_key=sink_key(sink.name),
+                metadata=sink_metadata(report, sink.name, version),
+                data_version=DataVersion(str(version)) if version is not None else None,
+            )
+
+    return _run
+
+
+def _recovery_asset(job: Job, sinks: AssetsDefinition) -> AssetsDefinition:
+    key = AssetKey(f"{job.name}_recovery")
+
+    @asset(
+        key=key,
+        deps=[spec.key for spec in sinks.specs],
+        group_name=job.name,
+        kinds={"spark"},
+        description=(
+            f"Recovery of {job.name}: replays pending windows, verifies that every sink holds "
+            "every window, and reconciles the sinks with what they should hold."
+        ),
+        check_specs=[AssetCheckSpec("all_windows_committed", asset=key)],
+        op_tags={JOB_TAG: job.name},
+    )
+    @typed
+    def _recover(
+        context: AssetExecutionContext,
+        config: RecoveryConfig,
+        spark: SparkResource,
+        postgres: PostgresResource,
+        onceflow: OnceflowSettingsResource,
+    ) -> MaterializeResult:
+        engine = make_engine(job, spark, postgres, onceflow)
+        replayed = engine.run(run_id=context.run_id, max_windows=0).windows
+        for window in replayed:
+            context.log.info(
+                f"window {window.window_id}: "
+                + ("already committed in every sink" if window.noop else "replayed")
+            )
+        every = {sink.name for sink in job.sinks}
+        windows = engine.ledger.windows()
+        if config.verify_last:
+            windows = windows[-config.verify_last :]
+        incomplete = {
+            w.window_id: sorted(every - held)
+            for w in windows
+            if not (held := engine.committed_sinks(w.window_id)) >= every
+        }
+        metadata: dict[str, Any] = {
+            "windows_replayed": MetadataValue.int(sum(1 for w in replayed if not w.noop)),
+            "windows_verified": MetadataValue.int(len(windows)),
+            "windows_incomplete": MetadataValue.int(len(incomplete)),
+            "replayed": MetadataValue.text(
+                format_windows([w.window_id for w in replayed if not w.noop]) or "none"
+            ),
+        }
+        metadata.update(_reconcile(engine, config, context))
+        return MaterializeResult(
+            metadata=metadata,
+            check_results=[
+                AssetCheckResult(
+                    check_name="all_windows_committed",
+                    passed=not incomplete,
+                    severity=AssetCheckSeverity.ERROR,
+                    metadata={
+                        "windows_incomplete": MetadataValue.int(len(incomplete)),
+                        "incomplete": MetadataValue.json(
+                            {str(w): s for w, s in list(incomplete.items())[:50]}
+                        ),
+                    },
+                )
+            ],
+        )
+
+    return _recover
+
+
+def _reconcile(
+    engine: Engine, config: RecoveryConfig, context: AssetExecutionContext
+) -> dict[str, Any]:
+    if config.reconcile == "off":
+        return {"reconcile": MetadataValue.text("off")}
+    try:
+        from onceflow.reconcile import reconcile
+    except ImportError:
+        context.log.warning("onceflow.reconcile is not available; replay and verify only")
+        return {"reconcile": MetadataValue.text("unavailable")}
+    report = reconcile(engine, dry_run=config.dry_run, mode=config.reconcile)
+    metadata: dict[str, Any] = {
+        "reconcile": MetadataValue.text(
+            config.reconcile + (" (dry run)" if config.dry_run else "")
+        ),
+        "reconcile_clean": MetadataValue.bool(bool(report.clean)),
+        "reconcile_wall_s": MetadataValue.float(round(float(report.wall_s), 3)),
+        "unverifiable": MetadataValue.int(_count(report.unverifiable)),
+        "windows_reconciled": MetadataValue.int(_count(getattr(report, "windows_checked", 0))),
+    }
+    for diff in report.sinks:
+        for field in ("missing", "extra", "changed"):
+            metadata[f"{diff.sink}.{field}"] = MetadataValue.int(_count(getattr(diff, field)))
+        metadata[f"{diff.sink}.repaired"] = MetadataValue.bool(bool(diff.repaired))
+    return metadata
+
+
+def _count(value: Any) -> int:
+    return len(value) if isinstance(value, list | tuple | set | dict) else int(value or 0)

@@ -1,0 +1,70 @@
+"""The new-data sensor: one run request per batch of landing files it has not seen."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from dagster import (
+    DefaultSensorStatus,
+    JobDefinition,
+    RunRequest,
+    SensorDefinition,
+    SensorEvaluationContext,
+    SensorResult,
+    SkipReason,
+    sensor,
+)
+from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
+
+from onceflow.job import Job
+from resources._annotations import typed
+from resources.settings import OnceflowSettingsResource
+
+
+def build_new_data_sensor(
+    job: Job,
+    target: JobDefinition | UnresolvedAssetJobDefinition,
+    tags: Mapping[str, str],
+    *,
+    interval_s: int = 30,
+) -> SensorDefinition:
+    """A sensor requesting a run of `target` whenever files land after the last one it saw.
+
+    The cursor is the newest file name seen: landing file names sort in creation order, so
+    every file after it is new. The run key is that newest name, so a batch is requested once,
+    and the engine plans input by itself, so a run finding nothing new is harmless. A file that
+    lands late under an older name is picked up by the next run all the same.
+    """
+
+    @sensor(
+        name=f"{job.name}_new_data_sensor",
+        job=target,
+        minimum_interval_seconds=interval_s,
+        default_status=DefaultSensorStatus.RUNNING,
+        description=f"Requests a run of {job.name} when new landing files appear.",
+    )
+    @typed
+    def _new_data(
+        context: SensorEvaluationContext, onceflow: OnceflowSettingsResource
+    ) -> SensorResult | SkipReason:
+        files = job.source.discover(onceflow.settings().landing)
+        last = context.cursor or ""
+        new = [f for f in files if f > last]
+        if not new:
+            return SkipReason(f"no landing file after {last or 'the start'}")
+        newest = new[-1]
+        return SensorResult(
+            run_requests=[
+                RunRequest(
+                    run_key=f"{job.name}:{newest}",
+                    tags={
+                        **tags,
+                        "onceflow/newest_file": newest,
+                        "onceflow/new_files": str(len(new)),
+                    },
+                )
+            ],
+            cursor=newest,
+        )
+
+    return _new_data

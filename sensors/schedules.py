@@ -1,0 +1,29 @@
+"""The reconcile schedule: a periodic recovery run, the safety net behind the failure sensor."""
+
+from __future__ import annotations
+
+from dagster import (
+    DefaultScheduleStatus,
+    JobDefinition,
+    ScheduleDefinition,
+)
+from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
+
+from onceflow.job import Job
+
+
+def build_reconcile_schedule(
+    job: Job,
+    recovery: JobDefinition | UnresolvedAssetJobDefinition,
+    *,
+    cron: str = "0 * * * *",
+) -> ScheduleDefinition:
+    """Runs `recovery` on `cron` (hourly by default): replay, verify, incremental reconcile."""
+    return ScheduleDefinition(
+        name=f"{job.name}_reconcile_schedule",
+        job=recovery,
+        cron_schedule=cron,
+        default_status=DefaultScheduleStatus.RUNNING,
+        tags={"onceflow/trigger": "schedule"},
+        description=f"Hourly recovery and reconciliation of {job.name}.",
+    )

@@ -1,0 +1,186 @@
+"""Real materialisations of the payments assets on Spark, PostgreSQL and Delta, against the oracle."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import psycopg
+import pytest
+from dagster import DagsterInstance, RunConfig, build_sensor_context, materialize
+
+import definitions
+from assets import RecoveryConfig, WindowRunConfig, build_job_assets
+from onceflow.generate import generate_payments
+from onceflow.jobs import get_job
+from resources import OnceflowSettingsResource, PostgresResource, SparkResource
+from tests.support.oracle import expected_outputs, visible_files
+from tests.support.outputs import actual_outputs, assert_exact
+
+pytestmark = pytest.mark.dagster
+
+SINKS = ["lake_payments", "pg_payments", "pg_merchant_balances", "pg_quarantine"]
+
+
+@pytest.fixture()
+def resources(spark, pg_dsn: str, lake: Path, landing: Path, tmp_path: Path) -> dict:
+    return {
+        "spark": SparkResource(),
+        "postgres": PostgresResource(dsn=pg_dsn),
+        "onceflow": OnceflowSettingsResource(
+            home=str(tmp_path / "home"), lake=str(lake), landing=str(landing)
+        ),
+    }
+
+
+@pytest.fixture()
+def instance():
+    with DagsterInstance.ephemeral() as inst:
+        yield inst
+
+
+def _payments_assets() -> list:
+    source, sinks, _recovery = build_job_assets(get_job("payments")).assets
+    return [source, sinks]
+
+
+def _materialisations(result, node: str = "payments_run") -> dict:
+    return {m.asset_key.to_user_string(): m for m in result.asset_materializations_for_node(node)}
+
+
+def _value(mat, key: str):
+    return mat.metadata[key].value
+
+
+def _logs(instance: DagsterInstance, run_id: str) -> str:
+    return "\n".join(e.user_message for e in instance.all_logs(run_id))
+
+
+def test_new_data_backfill_noop_and_restate(
+    resources: dict, instance: DagsterInstance, pg_dsn: str, lake: Path, landing: Path
+) -> None:
+    generate_payments(landing, records=2000, files=6, duplicate_rate=0.1, invalid_rate=0.05, seed=1)
+    files = visible_files(landing)
+    result = materialize(
+        _payments_assets(),
+        resources=resources,
+        instance=instance,
+        run_config=RunConfig({"payments_run": WindowRunConfig(max_files_per_window=2)}),
+    )
+    assert result.success
+    mats = _materialisations(result)
+    assert set(mats) == set(SINKS)
+    lake_mat = mats["lake_payments"]
+    assert _value(lake_mat, "windows") == "1-3"
+    assert _value(lake_mat, "windows_committed") == 3
+    version = _value(lake_mat, "delta_version")
+    assert lake_mat.tags["dagster/data_version"] == str(version)
+    expected = expected_outputs(landing, windows=[files[0:2], files[2:4], files[4:6]])
+    assert _value(mats["pg_payments"], "rows_written") == len(expected.payments)
+    assert _value(mats["pg_quarantine"], "rows_written") == len(expected.quarantine)
+    assert _value(lake_mat, "duplicates") == expected.duplicates
+    assert _value(lake_mat, "quarantined") == len(expected.quarantine)
+    assert _value(mats["pg_payments"], "transaction_id")
+    actual = actual_outputs(pg_dsn, lake)
+    assert_exact(expected, actual)
+    assert len(actual.pg_payments) == len(expected.payments)
+
+    # The same backfill twice: nothing changes, and both runs say so.
+    for _ in range(2):
+        again = materialize(
+            _payments_assets(),
+            resources=resources,
+            instance=instance,
+            run_config=RunConfig({"payments_run": WindowRunConfig(windows="1-2")}),
+        )
+        assert again.success
+        for sink, mat in _materialisations(again).items():
+            assert _value(mat, "noop") is True, sink
+            assert _value(mat, "windows") == "1-2"
+            assert _value(mat, "windows_already_committed") == 2
+            assert _value(mat, "rows_written") == 0
+        lake_again = _materialisations(again)["lake_payments"]
+        assert lake_again.tags["dagster/data_version"] == str(version)
+        logs = _logs(instance, again.run_id)
+        assert "window 1 already committed in every sink; nothing changed" in logs
+        assert "window 2 already committed in every sink; nothing changed" in logs
+    assert_exact(expected, actual_outputs(pg_dsn, lake))
+
+    never = materialize(
+        _payments_assets(),
+        resources=resources,
+        instance=instance,
+        run_config=RunConfig({"payments_run": WindowRunConfig(windows="9")}),
+        raise_on_error=False,
+    )
+    assert not never.success
+    assert "never planned" in _logs(instance, never.run_id) + str(
+        never.failure_data_for_node("payments_run")
+    )
+
+    restate = materialize(
+        _payments_assets(),
+        resources=resources,
+        instance=instance,
+        run_config=RunConfig({"payments_run": WindowRunConfig(windows="2", restate=True)}),
+        raise_on_error=False,
+    )
+    assert restate.success
+    restated = _materialisations(restate)
+    assert _value(restated["pg_merchant_balances"], "mode") == "restate"
+    assert _value(restated["lake_payments"], "windows") == "2"
+    # Same transform: the restated window's effect is replaced by an identical one.
+    assert_exact(expected, actual_outputs(pg_dsn, lake))
+
+
+def test_failed_run_is_recovered_once(
+    resources: dict, instance: DagsterInstance, pg_dsn: str, lake: Path, landing: Path
+) -> None:
+    defs = definitions.build_defs(resources)
+    run_job = defs.resolve_job_def("payments_job")
+    recovery_job = defs.resolve_job_def("payments_recovery_job")
+    sensor = defs.resolve_sensor_def("payments_failure_sensor")
+
+    generate_payments(landing, records=1000, files=2, duplicate_rate=0.1, invalid_rate=0.05, seed=1)
+    first = visible_files(landing)
+    ok = run_job.execute_in_process(instance=instance)
+    assert ok.success
+    # The job runs the quality checks of every sink it commits.
+    quality = {e.asset_key.to_user_string(): e.passed for e in ok.get_asset_check_evaluations()}
+    assert quality == dict.fromkeys(SINKS, True)
+
+    # A real sink failure: PostgreSQL refuses every new balance row.
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("ALTER TABLE merchant_balances ADD CONSTRAINT t_block CHECK (false) NOT VALID")
+    generate_payments(landing, records=1000, files=2, duplicate_rate=0.1, invalid_rate=0.05, seed=2)
+    failed = run_job.execute_in_process(instance=instance, raise_on_error=False)
+    assert not failed.success
+    assert instance.get_run_by_id(failed.run_id).tags["onceflow/job"] == "payments"
+
+    tick = sensor(build_sensor_context(instance=instance, cursor=None))
+    assert [r.run_key for r in tick.run_requests] == [failed.run_id]
+    request = tick.run_requests[0]
+    assert request.tags["onceflow/failed_run_id"] == failed.run_id
+    next_tick = sensor(build_sensor_context(instance=instance, cursor=tick.cursor))
+    assert not getattr(next_tick, "run_requests", None)
+
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("ALTER TABLE merchant_balances DROP CONSTRAINT t_block")
+    recovered = recovery_job.execute_in_process(
+        instance=instance,
+        tags=request.tags,
+        run_config=RunConfig({"payments_recovery": RecoveryConfig(reconcile="full")}),
+    )
+    assert recovered.success
+    (mat,) = recovered.asset_materializations_for_node("payments_recovery")
+    assert mat.metadata["windows_replayed"].value == 1
+    assert mat.metadata["windows_incomplete"].value == 0
+    if mat.metadata["reconcile"].value != "unavailable":
+        assert mat.metadata["reconcile_clean"].value is True
+        for sink in SINKS:
+            assert mat.metadata[f"{sink}.missing"].value == 0
+            assert mat.metadata[f"{sink}.extra"].value == 0
+    (check,) = recovered.get_asset_check_evaluations()
+    assert check.passed
+
+    later = [f for f in visible_files(landing) if f not in first]
+    assert_exact(expected_outputs(landing, windows=[first, later]), actual_outputs(pg_dsn, lake))

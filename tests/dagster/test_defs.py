@@ -1,0 +1,71 @@
+"""The definitions load, validate, and hold the assets, lineage, checks, jobs and sensors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from dagster import AssetKey
+
+import definitions
+
+ROOT = Path(__file__).resolve().parents[2]
+SINKS = ["lake_payments", "pg_payments", "pg_merchant_balances", "pg_quarantine"]
+
+
+def _repo():
+    return definitions.defs.get_repository_def()
+
+
+def test_definitions_import_from_repo_root() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", "import definitions"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_definitions_validate() -> None:
+    from dagster import Definitions
+
+    Definitions.validate_loadable(definitions.defs)
+
+
+def test_asset_keys_and_lineage() -> None:
+    graph = _repo().asset_graph
+    keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
+    assert keys == {"payments_landing", *SINKS, "payments_recovery"}
+    for sink in SINKS:
+        assert graph.get(AssetKey(sink)).parent_keys == {AssetKey("payments_landing")}
+    assert graph.get(AssetKey("payments_recovery")).parent_keys == {AssetKey(s) for s in SINKS}
+    # One engine run commits every sink: the sink assets share one op and cannot be split.
+    run = definitions.defs.get_assets_def(AssetKey("pg_payments"))
+    assert set(run.keys) == {AssetKey(s) for s in SINKS}
+    assert not run.can_subset
+
+
+def test_jobs_tags_sensors_schedule_checks() -> None:
+    repo = _repo()
+    for name in ("payments_job", "payments_recovery_job"):
+        assert repo.get_job(name).tags["onceflow/job"] == "payments"
+    assert {s.name for s in repo.sensor_defs} == {
+        "payments_new_data_sensor",
+        "payments_failure_sensor",
+    }
+    assert {s.name for s in repo.schedule_defs} == {"payments_reconcile_schedule"}
+    checks = {(k.asset_key.to_user_string(), k.name) for k in repo.asset_graph.asset_check_keys}
+    assert {(s, "quality") for s in SINKS} <= checks
+    assert ("payments_recovery", "all_windows_committed") in checks
+
+
+def test_window_specs() -> None:
+    import pytest
+
+    from assets.config import format_windows, parse_windows
+
+    assert parse_windows("3-7") == [3, 4, 5, 6, 7]
+    assert parse_windows("3,5, 9-10") == [3, 5, 9, 10]
+    assert format_windows([1, 2, 3, 5, 9, 10]) == "1-3,5,9-10"
+    for bad in ("", "0", "7-3", "a", "1-100000"):
+        with pytest.raises(ValueError):
+            parse_windows(bad)
