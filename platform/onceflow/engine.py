@@ -367,7 +367,7 @@ class Engine:
         state = self.delta[self.job.dedupe.state_sink]
         if not state.exists():
             return None
-        if state.committed_through() < window_id - 1:
+        if self.exactly_once and state.committed_through() < window_id - 1:
             raise LedgerError(
                 f"job {self.job.name}: dedupe state {state.sink} holds windows up to "
                 f"{state.committed_through()}, but window {window_id} needs all before it. "
