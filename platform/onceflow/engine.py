@@ -107,7 +107,6 @@ class Engine:
         self.ledger.ensure_schema()
         for sink in self.postgres.values():
             sink.ensure_table()
-        self.rebuild_ledger()
         self._prepared = True
 
     def sink_epoch_floor(self) -> int:
@@ -146,6 +145,9 @@ class Engine:
         for wid in sorted(found):
             window = found[wid]
             self.ledger.restore_window(window, window.offsets.get("files", []))
+        # The file index can be lost on its own; without it, planned files would be planned
+        # again as new windows.
+        self.ledger.restore_source_files()
         if found:
             _log.warning("job %s: rebuilt %d window(s) from the sinks", self.job.name, len(found))
         return sorted(found)
@@ -174,7 +176,11 @@ class Engine:
             on_window: Called after each window.
             max_windows: Plan at most this many new windows.
         """
+        from onceflow.reconcile import check_replay_horizon
+
         self.prepare()
+        self.rebuild_ledger()
+        check_replay_horizon(self)
         run_id = run_id or uuid.uuid4().hex
         epoch = self.ledger.acquire_epoch(run_id, floor=self.sink_epoch_floor())
         for sink in self.delta.values():

@@ -316,6 +316,19 @@ class Ledger:
                 )
             conn.commit()
 
+    def restore_source_files(self) -> int:
+        """Re-create the file index from the windows' offsets; return the rows put back."""
+        with self.connect() as conn:
+            cur = conn.execute(
+                "INSERT INTO onceflow.source_files (job, path, window_id)"
+                " SELECT w.job, f.path, w.window_id FROM onceflow.windows w,"
+                " jsonb_array_elements_text(w.offsets -> 'files') AS f(path)"
+                " WHERE w.job = %s ON CONFLICT DO NOTHING",
+                (self.job,),
+            )
+            conn.commit()
+            return cur.rowcount
+
     def record_stats(self, window_id: int, stats: dict[str, Any]) -> None:
         with self.connect() as conn:
             conn.execute(

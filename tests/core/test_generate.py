@@ -8,9 +8,9 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+
 from onceflow.generate import EDGE_AMOUNTS, GeneratedInput, generate_payments
 from onceflow.jobs._payments_rules import Invalid, Payment, parse_payment_line
-
 from tests.support.oracle import expected_outputs, source_lines, visible_files
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1

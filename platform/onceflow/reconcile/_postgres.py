@@ -191,7 +191,7 @@ def reconcile_postgres(
     columns = list(spec.columns)
     repair = epoch is not None
     conn = ledger.connect(epoch) if repair else connect(dsn)
-    staged: list[str] = []
+    staged = _staging_names(sink, epoch) if repair else []
     try:
         # The diff can outlast the ledger's idle-in-transaction limit; a frozen reconcile is
         # still ended by the next run, which terminates sessions of older epochs.
@@ -211,7 +211,7 @@ def reconcile_postgres(
             conn.rollback()
             return diff
         assert epoch is not None
-        staged = _apply(spark, dsn, conn, sink, diff, epoch, keyed=bool(key))
+        _apply(spark, dsn, conn, sink, diff, epoch, staged, keyed=bool(key))
         try:
             conn.commit()
         except psycopg.OperationalError:
@@ -232,18 +232,18 @@ def _apply(
     sink: PostgresTableSink,
     diff: Diff,
     epoch: int,
+    names: list[str],
     *,
     keyed: bool,
-) -> list[str]:
+) -> None:
     """Inside `conn`'s transaction: delete the differing rows, insert the expected ones.
 
-    Returns the staging tables used, to drop once the transaction has ended (dropping them
-    earlier would wait on this transaction's locks).
+    The staging tables `names` are dropped by the caller once the transaction has ended
+    (dropping them earlier would wait on this transaction's locks).
     """
     spec = sink.spec
     app = application_name(sink.job, epoch)
-    digest = hashlib.sha1(f"{sink.job}/{spec.name}/{epoch}".encode()).hexdigest()[:16]
-    del_name, ins_name = f"reconcile_{digest}_del", f"reconcile_{digest}_ins"
+    del_name, ins_name = names
     match = diff.match
     columns = [*diff.match, *diff.values]
     staged = [(del_name, match), (ins_name, columns)]
@@ -279,7 +279,11 @@ def _apply(
             sink.target, col_list, col_list, sql.Identifier("onceflow", ins_name)
         )
     )
-    return [del_name, ins_name]
+
+
+def _staging_names(sink: PostgresTableSink, epoch: int) -> list[str]:
+    digest = hashlib.sha1(f"{sink.job}/{sink.spec.name}/{epoch}".encode()).hexdigest()[:16]
+    return [f"reconcile_{digest}_del", f"reconcile_{digest}_ins"]
 
 
 def _drop(dsn: str, names: list[str]) -> None:

@@ -8,6 +8,7 @@ import shutil
 import time
 import uuid
 from datetime import datetime, timedelta, timezone
+from functools import reduce
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -176,6 +177,7 @@ def reconcile(
         raise ConfigurationError(f"reconcile mode {mode!r} is unknown; use full or incremental.")
     job, spark, settings = engine.job, engine.spark, engine.settings
     engine.prepare()
+    engine.rebuild_ledger()
     check_replay_horizon(engine)
     run_id = f"reconcile-{uuid.uuid4().hex}"
     epoch: int | None = None
@@ -300,6 +302,10 @@ def _reconcile_sink(
         expected = expected.groupBy(*sink.key).agg(
             *[F.sum(F.col(c).cast("decimal(38,0)")).alias(c) for c in sink.accumulate],
             *[F.max_by(F.col(c), F.col(WINDOW_COL)).alias(c) for c in others],
+        )
+        # The sink deletes a row whose accumulated columns all come back to zero.
+        expected = expected.where(
+            reduce(lambda a, b: a | b, [F.col(c) != 0 for c in sink.accumulate])
         )
     expected = expected.select(*[F.col(f.name).cast(f.dataType) for f in schema.fields])
 

@@ -24,7 +24,7 @@ import psycopg
 from psycopg import sql
 
 from onceflow import faults
-from onceflow.errors import CommitUnknownError, SinkError, TransientSinkError
+from onceflow.errors import CommitUnknownError, FencedError, SinkError, TransientSinkError
 from onceflow.job import PostgresSink
 from onceflow.ledger import Ledger, application_name
 from onceflow.postgres import connect
@@ -63,6 +63,16 @@ class _Marker:
     window_id: int
     restate_seq: int | None
     exactly_once: bool
+
+    def epoch_of(self, conn: psycopg.Connection) -> int | None:
+        """The epoch that wrote this window's marker, or None if there is none."""
+        if self.restate_seq is not None:
+            return 0 if self.exists(conn) else None
+        row = conn.execute(
+            "SELECT epoch FROM onceflow.sink_commits WHERE job = %s AND sink = %s AND window_id = %s",
+            (self.job, self.sink, self.window_id),
+        ).fetchone()
+        return None if row is None else int(row[0])
 
     def exists(self, conn: psycopg.Connection) -> bool:
         if self.restate_seq is None:
@@ -439,7 +449,7 @@ class PostgresTableSink:
                 self.spec.name,
                 window_id,
             )
-            if not self.resolve_unanswered_commit(marker, xid):
+            if not self.resolve_unanswered_commit(marker, xid, epoch):
                 raise TransientSinkError("COMMIT was not applied by the server") from None
             self._drop(staging)
             return PostgresCommit(rows, xid, False, resolved_after_unanswered_commit=True)
@@ -485,7 +495,7 @@ class PostgresTableSink:
             )
         )
 
-    def resolve_unanswered_commit(self, marker: _Marker, xid: str) -> bool:
+    def resolve_unanswered_commit(self, marker: _Marker, xid: str, epoch: int) -> bool:
         """Decide whether the transaction `xid` that carried `marker` committed.
 
         The marker decides: it commits if and only if the rows did. `pg_xact_status` is only
@@ -497,8 +507,17 @@ class PostgresTableSink:
         while time.monotonic() < deadline:
             try:
                 with connect(self._dsn) as conn:
-                    if marker.exists(conn):
-                        return True  # ours, or a newer run's: either way the window is there
+                    written_by = marker.epoch_of(conn)
+                    if written_by is not None:
+                        if written_by > epoch:
+                            # A newer run wrote the window: ours did not commit, and this run
+                            # has been fenced.
+                            raise FencedError(
+                                f"job {self.job!r}: this run (epoch {epoch}) was fenced by a "
+                                f"newer run (epoch {written_by}), which committed window "
+                                f"{marker.window_id} to {self.spec.name}; it stopped without writing."
+                            )
+                        return True
                     try:
                         status = conn.execute("SELECT pg_xact_status(%s::xid8)", (xid,)).fetchone()
                     except psycopg.Error:
@@ -506,6 +525,8 @@ class PostgresTableSink:
                         status = None
                     if status is None or status[0] != "in progress":
                         return False
+            except FencedError:
+                raise
             except Exception as exc:  # the server may be restarting: keep asking until the deadline
                 _log.info("resolving window %d: %s; retrying", marker.window_id, type(exc).__name__)
             time.sleep(delay)

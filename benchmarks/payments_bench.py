@@ -1,0 +1,332 @@
+"""Benchmark: rows/s of `payments` exactly-once vs at-least-once vs plain COPY and write_deltalake."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+import psycopg
+from psycopg import sql
+
+PAYMENT_DDL = """
+CREATE TABLE payments_copy (
+    payment_id text PRIMARY KEY, merchant_id text NOT NULL, customer_id text NOT NULL,
+    amount_cents bigint NOT NULL, currency text NOT NULL, created_at timestamptz NOT NULL,
+    _window_id bigint NOT NULL, _source_file text NOT NULL, _source_line bigint NOT NULL
+)
+"""
+COLUMNS = (
+    "payment_id",
+    "merchant_id",
+    "customer_id",
+    "amount_cents",
+    "currency",
+    "created_at",
+    "_window_id",
+    "_source_file",
+    "_source_line",
+)
+
+
+@dataclass
+class Measurement:
+    name: str
+    rows: int
+    seconds: float
+    windows: int = 0
+    window_latency: list[float] = field(default_factory=list)
+    sink_latency: dict[str, list[float]] = field(default_factory=dict)
+    driver_peak_mb: float = 0.0
+    jvm_peak_mb: float = 0.0
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.rows / self.seconds if self.seconds else 0.0
+
+
+class MemorySampler:
+    """Peak RSS of this Python driver and of its Spark JVM (java children), sampled in a thread."""
+
+    def __init__(self, interval_s: float = 0.2) -> None:
+        self.interval_s = interval_s
+        self.driver_peak = 0
+        self.jvm_peak = 0
+        self._stop = threading.Event()
+        self._me = psutil.Process()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _jvm_rss(self) -> int:
+        total = 0
+        for child in self._me.children(recursive=True):
+            try:
+                if "java" in child.name():
+                    total += child.memory_info().rss
+            except psutil.Error:
+                continue
+        return total
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.driver_peak = max(self.driver_peak, self._me.memory_info().rss)
+            self.jvm_peak = max(self.jvm_peak, self._jvm_rss())
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> MemorySampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100)."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), round(q / 100 * len(ordered) + 0.5)))
+    return ordered[rank - 1]
+
+
+def fresh_database(server_dsn: str, prefix: str) -> str:
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(server_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    info = psycopg.conninfo.conninfo_to_dict(server_dsn)
+    info["dbname"] = name
+    return psycopg.conninfo.make_conninfo(**info)
+
+
+def run_engine(
+    spark: Any, server_dsn: str, work: Path, landing: Path, guarantee: str, label: str
+) -> tuple[Measurement, Path]:
+    from onceflow.engine import build_engine
+    from onceflow.jobs.payments import PAYMENTS
+    from onceflow.settings import Settings
+
+    dsn = fresh_database(server_dsn, f"bench_{guarantee}")
+    lake = work / f"lake-{label}-{uuid.uuid4().hex[:6]}"
+    settings = Settings(home=work / "home", postgres_dsn=dsn, lake=lake, landing=landing)
+    engine = build_engine(PAYMENTS, settings, spark, dsn, guarantee=guarantee)
+    engine.prepare()
+    with MemorySampler() as mem:
+        started = time.perf_counter()
+        result = engine.run(max_files_per_window=1)
+        elapsed = time.perf_counter() - started
+    m = Measurement(
+        label,
+        rows=sum(int((w.stats or {}).get("kept", 0)) for w in result.windows),
+        seconds=elapsed,
+        windows=len(result.windows),
+        window_latency=[w.latency_s for w in result.windows],
+        driver_peak_mb=mem.driver_peak / 2**20,
+        jvm_peak_mb=mem.jvm_peak / 2**20,
+    )
+    for w in result.windows:
+        for name, outcome in w.sinks.items():
+            m.sink_latency.setdefault(name, []).append(outcome.latency_s)
+    return m, lake
+
+
+def window_batches(lake: Path) -> list[Any]:
+    """The payments rows the engine wrote, one Arrow table per window, in window order."""
+    import pyarrow.compute as pc
+    from deltalake import DeltaTable
+
+    table = DeltaTable(str(lake / "payments")).to_pyarrow_table(columns=list(COLUMNS))
+    ids = sorted(set(table.column("_window_id").to_pylist()))
+    return [table.filter(pc.equal(table["_window_id"], w)) for w in ids]
+
+
+def baseline_copy(server_dsn: str, batches: list[Any]) -> Measurement:
+    """Plain psycopg COPY (CSV from Arrow), one transaction per window, same table shape."""
+    import io
+
+    import pyarrow.csv as pacsv
+
+    dsn = fresh_database(server_dsn, "bench_copy")
+    options = pacsv.WriteOptions(include_header=False, quoting_style="needed")
+    statement = f"COPY payments_copy ({', '.join(COLUMNS)}) FROM STDIN (FORMAT csv)"
+    with psycopg.connect(dsn) as conn:
+        conn.execute(PAYMENT_DDL)
+        conn.commit()
+        latencies = []
+        with MemorySampler() as mem:
+            started = time.perf_counter()
+            for batch in batches:
+                t0 = time.perf_counter()
+                buffer = io.BytesIO()
+                pacsv.write_csv(batch, buffer, options)
+                with conn.cursor() as cur, cur.copy(statement) as copy:
+                    copy.write(buffer.getvalue())
+                conn.commit()
+                latencies.append(time.perf_counter() - t0)
+            elapsed = time.perf_counter() - started
+    rows = sum(b.num_rows for b in batches)
+    return Measurement(
+        "psycopg COPY", rows, elapsed, len(batches), latencies, {}, mem.driver_peak / 2**20
+    )
+
+
+def baseline_delta(work: Path, batches: list[Any]) -> Measurement:
+    """Plain `write_deltalake` appends, one commit per window."""
+    from deltalake import write_deltalake
+
+    path = work / f"plain-delta-{uuid.uuid4().hex[:6]}"
+    latencies = []
+    with MemorySampler() as mem:
+        started = time.perf_counter()
+        for batch in batches:
+            t0 = time.perf_counter()
+            write_deltalake(str(path), batch, mode="append")
+            latencies.append(time.perf_counter() - t0)
+        elapsed = time.perf_counter() - started
+    rows = sum(b.num_rows for b in batches)
+    return Measurement(
+        "write_deltalake", rows, elapsed, len(batches), latencies, {}, mem.driver_peak / 2**20
+    )
+
+
+def timed(label: str, fn: Callable[[], Any]) -> Any:
+    t0 = time.perf_counter()
+    out = fn()
+    print(f"  {label}: {time.perf_counter() - t0:.1f}s", file=sys.stderr)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--files", type=int, default=50)
+    parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--duplicate-rate", type=float, default=0.01)
+    parser.add_argument("--invalid-rate", type=float, default=0.01)
+    parser.add_argument("--dsn", default=os.environ.get("ONCEFLOW_BENCH_DSN"))
+    parser.add_argument("--keep", action="store_true", help="keep the work folder")
+    args = parser.parse_args(argv)
+
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+    from onceflow.generate import generate_payments
+    from onceflow.spark import build_spark_session
+
+    work = Path(tempfile.mkdtemp(prefix="onceflow-bench-"))
+    work.chmod(0o755)  # the embedded server runs as another user when we are root
+    try:
+        server_dsn = args.dsn
+        if not server_dsn:
+            import pgserver
+
+            server_dsn = pgserver.get_server(work / "pg", cleanup_mode="stop").get_uri()
+        landing = work / "landing"
+        print(f"generating {args.records:,} payments in {args.files} files ...", file=sys.stderr)
+        timed(
+            "generate",
+            lambda: generate_payments(
+                landing,
+                records=args.records,
+                files=args.files,
+                duplicate_rate=args.duplicate_rate,
+                invalid_rate=args.invalid_rate,
+                seed=1,
+            ),
+        )
+        spark = timed("spark session", lambda: build_spark_session(app_name="onceflow-bench"))
+        warm = work / "warm-landing"
+        generate_payments(warm, records=500, files=2, seed=2)
+        timed("warm-up", lambda: run_engine(spark, server_dsn, work, warm, "exactly_once", "w"))
+
+        results: dict[str, list[Measurement]] = {}
+        for run in range(args.runs):
+            print(f"run {run + 1}/{args.runs}", file=sys.stderr)
+            eo, lake = timed(
+                "exactly_once",
+                lambda: run_engine(spark, server_dsn, work, landing, "exactly_once", "eo"),
+            )
+            alo, _ = timed(
+                "at_least_once",
+                lambda: run_engine(spark, server_dsn, work, landing, "at_least_once", "alo"),
+            )
+            batches = window_batches(lake)
+            copy = timed("COPY", lambda b=batches: baseline_copy(server_dsn, b))
+            delta = timed("write_deltalake", lambda b=batches: baseline_delta(work, b))
+            for m in (eo, alo, copy, delta):
+                results.setdefault(m.name, []).append(m)
+        spark.stop()
+        report(args, results)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+def report(args: argparse.Namespace, results: dict[str, list[Measurement]]) -> None:
+    def best(name: str) -> Measurement:
+        return max(results[name], key=lambda m: m.rows_per_s)
+
+    eo, alo = best("eo"), best("alo")
+    copy, delta = best("psycopg COPY"), best("write_deltalake")
+    ram_gb = psutil.virtual_memory().total / 2**30
+    print(
+        f"\nmachine: {os.cpu_count()} cores (nproc {len(os.sched_getaffinity(0))}), "
+        f"{ram_gb:.1f} GiB RAM; load avg {os.getloadavg()[0]:.1f}"
+    )
+    print(
+        f"input: {args.records:,} payments, {args.files} files, 1 file per window; "
+        f"runs: {args.runs} (best run shown)\n"
+    )
+    header = (
+        f"{'writer':<28} {'rows':>10} {'seconds':>8} {'rows/s':>10} {'windows':>7} "
+        f"{'p50 win s':>9} {'p95 win s':>9} {'driver MB':>9} {'JVM MB':>7}"
+    )
+    print(header)
+    print("-" * len(header))
+    named = [
+        ("onceflow exactly_once", eo),
+        ("onceflow at_least_once", alo),
+        ("plain psycopg COPY", copy),
+        ("plain write_deltalake", delta),
+    ]
+    for label, m in named:
+        print(
+            f"{label:<28} {m.rows:>10,} {m.seconds:>8.1f} {m.rows_per_s:>10,.0f} {m.windows:>7} "
+            f"{percentile(m.window_latency, 50):>9.3f} {percentile(m.window_latency, 95):>9.3f} "
+            f"{m.driver_peak_mb:>9.0f} {m.jvm_peak_mb if m.jvm_peak_mb else float('nan'):>7.0f}"
+        )
+    both = copy.seconds + delta.seconds
+    print("\nratios:")
+    print(f"  exactly_once / at_least_once rows/s: {eo.rows_per_s / alo.rows_per_s:.2f}")
+    print(f"  exactly_once / COPY rows/s:          {eo.rows_per_s / copy.rows_per_s:.3f}")
+    print(f"  exactly_once / write_deltalake:      {eo.rows_per_s / delta.rows_per_s:.3f}")
+    print(
+        f"  exactly_once time / (COPY + write_deltalake time): {eo.seconds / both:.1f}x "
+        "(onceflow also parses, dedupes, quarantines and writes balances)"
+    )
+    print("\nper-sink commit latency (exactly_once), seconds:")
+    for sink, values in sorted(eo.sink_latency.items()):
+        print(
+            f"  {sink:<22} p50 {percentile(values, 50):.3f}  p95 {percentile(values, 95):.3f}"
+            f"  max {max(values):.3f}  (n={len(values)})"
+        )
+    if args.runs > 1:
+        spread = [f"{m.rows_per_s:,.0f}" for m in results["eo"]]
+        print(f"\nexactly_once rows/s per run: {', '.join(spread)}")
+        print(
+            f"median exactly_once rows/s: {statistics.median(m.rows_per_s for m in results['eo']):,.0f}"
+        )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

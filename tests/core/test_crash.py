@@ -1,0 +1,247 @@
+"""Crash recovery with real processes and real signals: fault points, zombies, random kills."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+
+from onceflow.generate import generate_payments
+from tests.support.oracle import expected_outputs
+from tests.support.outputs import actual_outputs, assert_exact
+
+pytestmark = pytest.mark.slow
+
+ONCEFLOW = str(Path(sys.executable).with_name("onceflow"))
+RUN_TIMEOUT_S = 300
+
+
+@dataclass
+class Finished:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+class CliRun:
+    """One `onceflow` process in its own session, so its Spark JVM can be killed with it."""
+
+    def __init__(self, args: list[str], env: dict[str, str], logs: Path) -> None:
+        logs.mkdir(parents=True, exist_ok=True)
+        stamp = f"{time.monotonic_ns()}"
+        self._out_path = logs / f"{stamp}.out"
+        self._err_path = logs / f"{stamp}.err"
+        self._out = open(self._out_path, "wb")
+        self._err = open(self._err_path, "wb")
+        self.proc = subprocess.Popen(
+            [ONCEFLOW, *args],
+            env=env,
+            cwd=logs,
+            stdout=self._out,
+            stderr=self._err,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def kill_group(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def finish(self, timeout: float = RUN_TIMEOUT_S) -> Finished:
+        """Wait for the process, then kill whatever is left of its group (the JVM)."""
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill_group()
+            self.proc.wait()
+            pytest.fail(f"onceflow did not finish within {timeout}s: {self.stderr()[-2000:]}")
+        finally:
+            self.kill_group()
+            self._out.close()
+            self._err.close()
+        return Finished(rc, self._out_path.read_text(errors="replace"), self.stderr())
+
+    def stderr(self) -> str:
+        if not self._err.closed:
+            self._err.flush()
+        return self._err_path.read_text(errors="replace")
+
+
+@dataclass
+class Site:
+    """One job installation: its database, lake, landing folder and home."""
+
+    dsn: str
+    lake: Path
+    landing: Path
+    home: Path
+
+    def env(self, fault: str | None = None, **extra: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ONCEFLOW_")}
+        env.update(
+            ONCEFLOW_HOME=str(self.home),
+            ONCEFLOW_POSTGRES_DSN=self.dsn,
+            ONCEFLOW_LAKE=str(self.lake),
+            ONCEFLOW_LANDING=str(self.landing),
+            GX_ANALYTICS_ENABLED="false",
+        )
+        if fault:
+            env["ONCEFLOW_FAULT"] = fault
+        env.update(extra)
+        return env
+
+    def start(self, fault: str | None = None, max_files: int = 2, **extra: str) -> CliRun:
+        args = ["run", "payments", "--max-files-per-window", str(max_files)]
+        return CliRun(args, self.env(fault, **extra), self.home / "logs")
+
+    def run(self, fault: str | None = None, max_files: int = 2) -> Finished:
+        return self.start(fault, max_files).finish()
+
+    def assert_exact(self) -> None:
+        assert_exact(expected_outputs(self.landing), actual_outputs(self.dsn, self.lake))
+
+
+@pytest.fixture(scope="module")
+def input_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One small input, generated once and copied into each test's landing folder."""
+    root = tmp_path_factory.mktemp("input")
+    generate_payments(root, records=3000, files=6, duplicate_rate=0.1, invalid_rate=0.05)
+    return root / "payments"
+
+
+@pytest.fixture()
+def site(pg_dsn: str, lake: Path, landing: Path, tmp_path: Path, input_files: Path) -> Site:
+    shutil.copytree(input_files, landing / "payments")
+    home = tmp_path / "home"
+    home.mkdir()
+    return Site(pg_dsn, lake, landing, home)
+
+
+@pytest.mark.parametrize(
+    "point", ["plan", "before_sinks", "after_delta", "pg_commit_sent", "after_commits"]
+)
+def test_crash_at_fault_point_then_rerun_is_exact(site: Site, point: str) -> None:
+    crashed = site.run(fault=f"{point}@2")
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
+    assert f"fault injected at {point} (window 2)" in crashed.stderr
+
+    rerun = site.run()
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    site.assert_exact()
+
+
+def _wait_stopped(run: CliRun, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    proc = psutil.Process(run.pid)
+    while time.monotonic() < deadline:
+        if run.proc.poll() is not None:
+            pytest.fail(f"the zombie exited ({run.proc.returncode}) before it froze")
+        if proc.status() == psutil.STATUS_STOPPED:
+            return
+        time.sleep(0.5)
+    run.kill_group()
+    pytest.fail("the zombie never froze at before_pg_commit@2")
+
+
+def test_frozen_zombie_is_fenced_and_writes_nothing(site: Site) -> None:
+    zombie = site.start(fault="before_pg_commit@2:stop")
+    try:
+        _wait_stopped(zombie, RUN_TIMEOUT_S)
+        # It froze inside its PG transaction holding the job row lock: the newer run must
+        # end its sessions rather than wait forever.
+        started = time.monotonic()
+        newer = site.run()
+        assert newer.returncode == 0, newer.stderr[-2000:]
+        assert time.monotonic() - started < RUN_TIMEOUT_S
+        site.assert_exact()
+        before = actual_outputs(site.dsn, site.lake)
+
+        os.kill(zombie.pid, signal.SIGCONT)
+        woken = zombie.finish()
+    finally:
+        zombie.kill_group()
+    assert woken.returncode == 3, (woken.returncode, woken.stderr[-2000:])
+    assert "fenced" in woken.stderr
+    after = actual_outputs(site.dsn, site.lake)
+    assert sorted(after.delta_payments) == sorted(before.delta_payments)
+    assert sorted(after.pg_payments) == sorted(before.pg_payments)
+    assert sorted(after.balances) == sorted(before.balances)
+    site.assert_exact()
+
+
+def _seeds() -> Iterator[int]:
+    seed = int(os.environ.get("ONCEFLOW_KILL_SEED", time.time_ns() % 10_000))
+    print(f"kill loop seed: {seed} (set ONCEFLOW_KILL_SEED to replay)")
+    yield seed
+
+
+def test_random_kills_then_clean_run_is_exact(site: Site) -> None:
+    rng = random.Random(next(_seeds()))
+    outcomes = []
+    for _ in range(5):
+        run = site.start(max_files=1)
+        delay = rng.uniform(3, 25)
+        deadline = time.monotonic() + delay
+        while time.monotonic() < deadline and run.proc.poll() is None:
+            time.sleep(0.2)
+        run.kill_group()  # driver and Spark JVM together
+        result = run.finish(timeout=60)
+        outcomes.append((round(delay, 1), result.returncode))
+        assert result.returncode in (0, -signal.SIGKILL), result.stderr[-2000:]
+    print(f"kills (delay s, returncode): {outcomes}")
+    final = site.run(max_files=1)
+    assert final.returncode == 0, final.stderr[-2000:]
+    site.assert_exact()
+
+
+# -- bad configuration: fails before Spark starts ------------------------------------------------
+
+
+def _assert_one_paragraph(result: Finished) -> str:
+    text = (result.stdout + result.stderr).strip()
+    assert result.returncode == 1, text[-2000:]
+    assert "Traceback" not in text
+    assert "\n\n" not in text
+    assert text.startswith("onceflow:"), text
+    return text
+
+
+def test_unreachable_database_fails_cleanly_without_leaking_the_password(site: Site) -> None:
+    env = site.env(ONCEFLOW_POSTGRES_DSN="postgresql://u:secret@127.0.0.1:1/db")
+    result = CliRun(["run", "payments"], env, site.home / "logs").finish(timeout=120)
+    text = _assert_one_paragraph(result)
+    assert "secret" not in text
+    assert "PostgreSQL" in text
+
+
+def test_missing_landing_folder_is_reported(site: Site, tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-landing"
+    env = site.env(ONCEFLOW_LANDING=str(missing))
+    result = CliRun(["run", "payments"], env, site.home / "logs").finish(timeout=120)
+    text = _assert_one_paragraph(result)
+    assert str(missing) in text and "landing" in text
+
+
+def test_unwritable_lake_is_reported(site: Site, tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder\n")
+    env = site.env(ONCEFLOW_LAKE=str(blocker / "lake"))
+    result = CliRun(["run", "payments"], env, site.home / "logs").finish(timeout=120)
+    text = _assert_one_paragraph(result)
+    assert "ONCEFLOW_LAKE" in text and str(blocker / "lake") in text
