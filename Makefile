@@ -22,6 +22,8 @@ lint: setup
 test: setup lint
 	$(BIN)/python -m pytest -m "not browser" -q
 
+# Also installs Chromium for the browser tests (setup runs with ONCEFLOW_WITH_BROWSER=1 here).
+test-all: export ONCEFLOW_WITH_BROWSER := 1
 test-all: setup lint
 	$(BIN)/python -m pytest -q
 

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 from dagster import (
+    AssetCheckKey,
     AssetCheckResult,
     AssetCheckSeverity,
     AssetCheckSpec,
@@ -29,7 +30,7 @@ from dagster._core.definitions.asset_checks.asset_checks_definition import (
     AssetChecksDefinition,
 )
 
-from assets.checks import build_quality_checks
+from assets.checks import CHECK_NAME, build_quality_checks
 from assets.config import RecoveryConfig, WindowRunConfig, format_windows
 from assets.runs import delta_version, run_windows, sink_metadata
 from onceflow.engine import Engine, build_engine
@@ -38,6 +39,7 @@ from resources import OnceflowSettingsResource, PostgresResource, SparkResource
 from resources._annotations import typed
 from sensors import build_failure_sensor, build_new_data_sensor, build_reconcile_schedule
 from sensors.failure import JOB_TAG, KIND_TAG
+from sensors.quality import build_quality_sensor
 
 
 class JobDefs(NamedTuple):
@@ -97,6 +99,12 @@ def build_job_assets(job: Job) -> JobDefs:
         sensors=[
             build_new_data_sensor(job, run_job, tags),
             build_failure_sensor(job, recovery_job),
+            build_quality_sensor(
+                job,
+                recovery_job,
+                [AssetCheckKey(spec.key, CHECK_NAME) for spec in sinks.specs],
+                recovery.op.name,
+            ),
         ],
         jobs=[run_job, recovery_job],  # type: ignore[list-item]
         schedules=[build_reconcile_schedule(job, recovery_job)],

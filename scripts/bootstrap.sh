@@ -22,6 +22,19 @@ if [ -z "$major" ] || [ "$major" -lt 17 ]; then
     apt-get install -y -qq openjdk-17-jre-headless >/dev/null
 fi
 
+# Chromium for the browser tests (tests/dagster/test_ui_browser.py), only when asked for:
+# `make test-all` sets ONCEFLOW_WITH_BROWSER=1.
+if [ "${ONCEFLOW_WITH_BROWSER:-0}" = "1" ] && ! command -v chromium >/dev/null 2>&1; then
+    echo "bootstrap: chromium not found; installing it for the browser tests" >&2
+    if [ "$(id -u)" -ne 0 ]; then
+        echo "bootstrap: need root to install chromium; run: sudo apt-get install chromium" >&2
+        exit 1
+    fi
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq chromium >/dev/null
+fi
+
 stamp="$venv/.onceflow-installed"
 want=$(cat "$root/pyproject.toml" | sha256sum | cut -d' ' -f1)
 if [ ! -x "$venv/bin/python" ]; then

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 
 from dagster import (
@@ -20,26 +21,39 @@ from onceflow.job import Job
 from resources._annotations import typed
 from resources.settings import OnceflowSettingsResource
 
+INTERVAL_ENV = "ONCEFLOW_SENSOR_INTERVAL_S"
+DEFAULT_INTERVAL_S = 30
+
+
+def default_interval_s() -> int:
+    """`ONCEFLOW_SENSOR_INTERVAL_S` when set (at least 1), else 30 seconds.
+
+    Dagster's sensor daemon ticks at most every 5 seconds, whatever is set here.
+    """
+    value = os.environ.get(INTERVAL_ENV, "").strip()
+    return max(1, int(value)) if value else DEFAULT_INTERVAL_S
+
 
 def build_new_data_sensor(
     job: Job,
     target: JobDefinition | UnresolvedAssetJobDefinition,
     tags: Mapping[str, str],
     *,
-    interval_s: int = 30,
+    interval_s: int | None = None,
 ) -> SensorDefinition:
     """A sensor requesting a run of `target` whenever files land after the last one it saw.
 
     The cursor is the newest file name seen: landing file names sort in creation order, so
     every file after it is new. The run key is that newest name, so a batch is requested once,
     and the engine plans input by itself, so a run finding nothing new is harmless. A file that
-    lands late under an older name is picked up by the next run all the same.
+    lands late under an older name is picked up by the next run all the same. The interval
+    defaults to `default_interval_s()`.
     """
 
     @sensor(
         name=f"{job.name}_new_data_sensor",
         job=target,
-        minimum_interval_seconds=interval_s,
+        minimum_interval_seconds=interval_s if interval_s is not None else default_interval_s(),
         default_status=DefaultSensorStatus.RUNNING,
         description=f"Requests a run of {job.name} when new landing files appear.",
     )

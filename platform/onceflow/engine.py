@@ -50,6 +50,7 @@ class WindowResult:
     stats: dict[str, Any]
     sinks: dict[str, SinkOutcome] = field(default_factory=dict)
     latency_s: float = 0.0
+    compute_s: float = 0.0  # reading, parsing, deduplicating and staging the window
 
     @property
     def noop(self) -> bool:
@@ -265,7 +266,9 @@ class Engine:
             self.ledger.mark_completed(window.window_id)
             result.latency_s = time.monotonic() - started
             return result
+        t0 = time.monotonic()
         outputs, stats = self.outputs(window)
+        result.compute_s = time.monotonic() - t0
         result.stats = stats
         self.ledger.record_stats(window.window_id, stats)
         faults.point("before_sinks", window.window_id)
