@@ -51,6 +51,7 @@ def test_jobs_tags_sensors_schedule_checks() -> None:
     assert {s.name for s in repo.sensor_defs} == {
         "payments_new_data_sensor",
         "payments_failure_sensor",
+        "payments_quality_sensor",
     }
     assert {s.name for s in repo.schedule_defs} == {"payments_reconcile_schedule"}
     checks = {(k.asset_key.to_user_string(), k.name) for k in repo.asset_graph.asset_check_keys}
