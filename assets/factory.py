@@ -148,6 +148,7 @@ def _sink_assets(job: Job) -> AssetsDefinition:
         can_subset=False,
         description=job.description or f"One run of the onceflow job {job.name}.",
         op_tags={JOB_TAG: job.name},
+        pool=pool_name(job),
     )
     @typed
     def _run(
@@ -186,6 +187,7 @@ def _recovery_asset(job: Job, sinks: AssetsDefinition) -> AssetsDefinition:
         ),
         check_specs=[AssetCheckSpec("all_windows_committed", asset=key)],
         op_tags={JOB_TAG: job.name},
+        pool=pool_name(job),
     )
     @typed
     def _recover(
@@ -269,3 +271,9 @@ def _reconcile(
 
 def _count(value: Any) -> int:
     return len(value) if isinstance(value, list | tuple | set | dict) else int(value or 0)
+
+
+def pool_name(job: Job) -> str:
+    """The concurrency pool of a job's ops: one at a time however the run was launched (the
+    UI's asset graph launches runs without the job's tags)."""
+    return f"onceflow_{job.name}"

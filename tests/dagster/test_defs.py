@@ -70,3 +70,27 @@ def test_window_specs() -> None:
     for bad in ("", "0", "7-3", "a", "1-100000"):
         with pytest.raises(ValueError):
             parse_windows(bad)
+
+
+def test_instance_config_limits_one_run_and_one_op_per_job(tmp_path) -> None:
+    import shutil
+
+    from dagster import DagsterInstance
+
+    shutil.copy(Path(__file__).parents[2] / "dagster.yaml", tmp_path / "dagster.yaml")
+    with DagsterInstance.from_config(str(tmp_path)) as instance:
+        config = instance.get_concurrency_config()
+        assert config.pool_config.default_pool_limit == 1
+        assert {
+            "key": "onceflow/job",
+            "value": {"applyLimitPerUniqueValue": True},
+            "limit": 1,
+        } in config.run_queue_config.tag_concurrency_limits
+        assert instance.run_retries_enabled
+    repo = _repo()
+    for job, op in (
+        ("payments_job", "payments_run"),
+        ("payments_recovery_job", "payments_recovery"),
+    ):
+        pools = {n.name: n.definition.pool for n in repo.get_job(job).nodes_in_topological_order}
+        assert pools[op] == "onceflow_payments"
