@@ -1,0 +1,174 @@
+"""A failed quality check launches the job's recovery once, and the recovery repairs the sinks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import psycopg
+import pytest
+from dagster import (
+    AssetCheckKey,
+    AssetCheckResult,
+    AssetKey,
+    DagsterInstance,
+    SkipReason,
+    asset,
+    asset_check,
+    build_sensor_context,
+    materialize,
+)
+
+import definitions
+from assets import build_job_assets
+from onceflow.generate import generate_payments
+from onceflow.jobs import get_job
+from resources import OnceflowSettingsResource, PostgresResource, SparkResource
+from sensors.quality import build_quality_sensor
+from tests.support.oracle import expected_outputs
+from tests.support.outputs import actual_outputs, assert_exact
+
+pytestmark = pytest.mark.dagster
+
+
+@pytest.fixture()
+def resources(spark, pg_dsn: str, lake: Path, landing: Path, tmp_path: Path) -> dict:
+    return {
+        "spark": SparkResource(),
+        "postgres": PostgresResource(dsn=pg_dsn),
+        "onceflow": OnceflowSettingsResource(
+            home=str(tmp_path / "home"), lake=str(lake), landing=str(landing)
+        ),
+    }
+
+
+@pytest.fixture()
+def instance(tmp_path: Path):
+    # On disk, as `dagster dev` has it: SQLite storage, whose event log is sharded by run.
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    with DagsterInstance.local_temp(tempdir=str(home)) as inst:
+        yield inst
+
+
+def _tick(sensor, instance: DagsterInstance, cursor: str | None) -> tuple[list, str | None]:
+    out = sensor(build_sensor_context(instance=instance, cursor=cursor))
+    if isinstance(out, SkipReason):
+        return [], cursor
+    return list(out.run_requests or []), out.cursor
+
+
+def _quality(result) -> dict[str, bool]:
+    return {e.asset_key.to_user_string(): e.passed for e in result.get_asset_check_evaluations()}
+
+
+def test_failed_quality_check_is_recovered_once(
+    resources: dict, instance: DagsterInstance, pg_dsn: str, lake: Path, landing: Path
+) -> None:
+    defs = definitions.build_defs(resources)
+    run_job = defs.resolve_job_def("payments_job")
+    recovery_job = defs.resolve_job_def("payments_recovery_job")
+    sensor = defs.resolve_sensor_def("payments_quality_sensor")
+
+    generate_payments(landing, records=1000, files=2, duplicate_rate=0.1, invalid_rate=0.05, seed=1)
+    ok = run_job.execute_in_process(instance=instance)
+    assert ok.success
+    assert all(_quality(ok).values())
+    requests, cursor = _tick(sensor, instance, None)
+    assert requests == []  # passed checks launch nothing
+
+    # Damage from outside onceflow: a committed payment disappears from PostgreSQL.
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        deleted = conn.execute(
+            "DELETE FROM payments WHERE payment_id = (SELECT min(payment_id) FROM payments)"
+        ).rowcount
+    assert deleted == 1
+    # A run of the job finds no new data and runs the checks; the blocking check fails it.
+    checked = run_job.execute_in_process(instance=instance, raise_on_error=False)
+    assert not checked.success
+    assert _quality(checked)["pg_payments"] is False
+
+    requests, cursor = _tick(sensor, instance, cursor)
+    assert len(requests) == 1
+    (request,) = requests
+    assert request.run_key.startswith(f"{checked.run_id}:")
+    assert request.tags["onceflow/trigger"] == "quality_check"
+    assert request.tags["onceflow/check_run_id"] == checked.run_id
+    assert "pg_payments" in request.tags["onceflow/failed_checks"].split(",")
+    assert _tick(sensor, instance, cursor)[0] == []
+
+    # A retry of the failed run fails the same way: same retry chain, no second recovery.
+    retry = run_job.execute_in_process(
+        instance=instance,
+        raise_on_error=False,
+        tags={"dagster/root_run_id": checked.run_id, "dagster/parent_run_id": checked.run_id},
+    )
+    assert _quality(retry)["pg_payments"] is False
+    requests, cursor = _tick(sensor, instance, cursor)
+    assert requests == []
+
+    recovered = recovery_job.execute_in_process(
+        instance=instance, tags=request.tags, run_config=request.run_config
+    )
+    assert recovered.success
+    (mat,) = recovered.asset_materializations_for_node("payments_recovery")
+    if mat.metadata["reconcile"].value != "unavailable":
+        assert mat.metadata["reconcile"].value == "full"
+        assert mat.metadata["pg_payments.missing"].value == 1
+        assert mat.metadata["pg_payments.repaired"].value is True
+    assert_exact(expected_outputs(landing), actual_outputs(pg_dsn, lake))
+
+    # The checks pass again, and the sensor stays quiet.
+    again = run_job.execute_in_process(instance=instance)
+    assert again.success
+    assert all(_quality(again).values())
+    assert _tick(sensor, instance, cursor)[0] == []
+
+
+def test_quality_sensor_cursor_on_check_history(instance: DagsterInstance) -> None:
+    """Without Spark: checks that fail or pass on demand, on the same key as the real one."""
+    outcome = {"passed": True}
+
+    @asset(key="pg_payments")
+    def _sink() -> int:
+        return 1
+
+    @asset_check(asset="pg_payments", name="quality")
+    def _check() -> AssetCheckResult:
+        return AssetCheckResult(passed=outcome["passed"])
+
+    _run_job, recovery_job = build_job_assets(get_job("payments")).jobs
+    sensor = build_quality_sensor(
+        get_job("payments"),
+        recovery_job,
+        [AssetCheckKey(AssetKey("pg_payments"), "quality")],
+        "payments_recovery",
+    )
+
+    def check(passed: bool) -> str:
+        outcome["passed"] = passed
+        # Not blocking: the run succeeds, and only this sensor notices the failure.
+        result = materialize([_sink, _check], instance=instance)
+        assert _quality(result) == {"pg_payments": passed}
+        return result.run_id
+
+    # Old history on the first tick: a failure a later pass superseded needs nothing.
+    check(False)
+    check(True)
+    latest = check(False)
+    requests, cursor = _tick(sensor, instance, None)
+    assert [r.tags["onceflow/check_run_id"] for r in requests] == [latest]
+    assert requests[0].run_config["ops"]["payments_recovery"]["config"]["reconcile"] == "full"
+    assert _tick(sensor, instance, cursor)[0] == []
+
+    # Failed, then passed before the next tick: repaired already.
+    check(False)
+    check(True)
+    requests, cursor = _tick(sensor, instance, cursor)
+    assert requests == []
+
+    # Two runs failing between ticks: one recovery each, each once.
+    runs = [check(False), check(False)]
+    requests, cursor = _tick(sensor, instance, cursor)
+    assert [r.tags["onceflow/check_run_id"] for r in requests] == runs
+    assert len({r.run_key for r in requests}) == 2
+    assert _tick(sensor, instance, cursor)[0] == []
