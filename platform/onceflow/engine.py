@@ -273,30 +273,18 @@ class Engine:
         self.ledger.record_stats(window.window_id, stats)
         faults.point("before_sinks", window.window_id)
         for sink in [s for s in todo if isinstance(s, DeltaSink)]:
-            t0 = time.monotonic()
-            commit = self.delta[sink.name].commit_window(
-                outputs[sink.output], window_id=window.window_id, epoch=epoch, run_id=run_id,
-                offsets=window.offsets, exactly_once=self.exactly_once,
-            )  # fmt: skip
-            result.sinks[sink.name] = SinkOutcome(
-                sink.name, not commit.already_committed, commit.already_committed, commit.rows,
-                delta_version=commit.version, latency_s=time.monotonic() - t0,
-            )  # fmt: skip
+            result.sinks[sink.name] = self._commit(
+                sink, outputs[sink.output], window, epoch, run_id
+            )
         faults.point("after_delta", window.window_id)
         stage = WindowStage(self.settings.lake, self.job.name, window.window_id)
         for sink in self.job.sinks:
             if isinstance(sink, PostgresSink) and sink.mode == "accumulate":
                 self.contributions(sink.name).save(window.window_id, stage.root / sink.output)
         for sink in [s for s in todo if isinstance(s, PostgresSink)]:
-            t0 = time.monotonic()
-            pg = self.postgres[sink.name].commit_window(
-                outputs[sink.output], window_id=window.window_id, epoch=epoch, run_id=run_id,
-                offsets=window.offsets, exactly_once=self.exactly_once,
-            )  # fmt: skip
-            result.sinks[sink.name] = SinkOutcome(
-                sink.name, not pg.already_committed, pg.already_committed, pg.rows,
-                xid=pg.xid, latency_s=time.monotonic() - t0,
-            )  # fmt: skip
+            result.sinks[sink.name] = self._commit(
+                sink, outputs[sink.output], window, epoch, run_id
+            )
         faults.point("after_commits", window.window_id)
         if self.exactly_once:
             self.ledger.check_epoch(epoch)
@@ -304,6 +292,25 @@ class Engine:
         stage.discard()
         result.latency_s = time.monotonic() - started
         return result
+
+    def _commit(
+        self, sink: DeltaSink | PostgresSink, df: DataFrame, window: Window, epoch: int, run_id: str
+    ) -> SinkOutcome:
+        started = time.monotonic()
+        target = self.delta[sink.name] if isinstance(sink, DeltaSink) else self.postgres[sink.name]
+        commit = target.commit_window(
+            df, window_id=window.window_id, epoch=epoch, run_id=run_id, offsets=window.offsets,
+            exactly_once=self.exactly_once,
+        )  # fmt: skip
+        return SinkOutcome(
+            sink.name,
+            committed=not commit.already_committed,
+            already_committed=commit.already_committed,
+            rows=commit.rows,
+            delta_version=getattr(commit, "version", None),
+            xid=getattr(commit, "xid", None),
+            latency_s=time.monotonic() - started,
+        )
 
     def contributions(self, sink: str) -> Contributions:
         """Where an accumulating sink's per-window contributions are kept."""

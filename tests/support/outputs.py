@@ -10,20 +10,11 @@ from typing import Any
 
 import psycopg
 
+from onceflow.jobs.payments import PAYMENT_COLUMNS
 from tests.support.oracle import Expected, PaymentRow
 
 JOB = "payments"
-PAYMENT_FIELDS = (
-    "payment_id",
-    "merchant_id",
-    "customer_id",
-    "amount_cents",
-    "currency",
-    "created_at",
-    "_window_id",
-    "_source_file",
-    "_source_line",
-)
+PAYMENT_FIELDS = tuple(PAYMENT_COLUMNS)
 
 # One stored payment: the oracle's 8 fields plus the window id the job gave it.
 StoredPayment = tuple[str, str, str, int, str, datetime, int, str, int]
