@@ -247,11 +247,8 @@ def _reconcile(
 ) -> dict[str, Any]:
     if config.reconcile == "off":
         return {"reconcile": MetadataValue.text("off")}
-    try:
-        from onceflow.reconcile import reconcile
-    except ImportError:
-        context.log.warning("onceflow.reconcile is not available; replay and verify only")
-        return {"reconcile": MetadataValue.text("unavailable")}
+    from onceflow.reconcile import reconcile
+
     report = reconcile(engine, dry_run=config.dry_run, mode=config.reconcile)
     metadata: dict[str, Any] = {
         "reconcile": MetadataValue.text(
@@ -259,18 +256,15 @@ def _reconcile(
         ),
         "reconcile_clean": MetadataValue.bool(bool(report.clean)),
         "reconcile_wall_s": MetadataValue.float(round(float(report.wall_s), 3)),
-        "unverifiable": MetadataValue.int(_count(report.unverifiable)),
-        "windows_reconciled": MetadataValue.int(_count(getattr(report, "windows_checked", 0))),
+        "unverifiable": MetadataValue.int(len(report.unverifiable)),
+        "windows_reconciled": MetadataValue.int(len(report.windows_checked)),
     }
     for diff in report.sinks:
-        for field in ("missing", "extra", "changed"):
-            metadata[f"{diff.sink}.{field}"] = MetadataValue.int(_count(getattr(diff, field)))
-        metadata[f"{diff.sink}.repaired"] = MetadataValue.bool(bool(diff.repaired))
+        metadata[f"{diff.sink}.missing"] = MetadataValue.int(diff.missing)
+        metadata[f"{diff.sink}.extra"] = MetadataValue.int(diff.extra)
+        metadata[f"{diff.sink}.changed"] = MetadataValue.int(diff.changed)
+        metadata[f"{diff.sink}.repaired"] = MetadataValue.bool(diff.repaired)
     return metadata
-
-
-def _count(value: Any) -> int:
-    return len(value) if isinstance(value, list | tuple | set | dict) else int(value or 0)
 
 
 def pool_name(job: Job) -> str:

@@ -174,11 +174,10 @@ def test_failed_run_is_recovered_once(
     (mat,) = recovered.asset_materializations_for_node("payments_recovery")
     assert mat.metadata["windows_replayed"].value == 1
     assert mat.metadata["windows_incomplete"].value == 0
-    if mat.metadata["reconcile"].value != "unavailable":
-        assert mat.metadata["reconcile_clean"].value is True
-        for sink in SINKS:
-            assert mat.metadata[f"{sink}.missing"].value == 0
-            assert mat.metadata[f"{sink}.extra"].value == 0
+    assert mat.metadata["reconcile_clean"].value is True
+    for sink in SINKS:
+        assert mat.metadata[f"{sink}.missing"].value == 0
+        assert mat.metadata[f"{sink}.extra"].value == 0
     (check,) = recovered.get_asset_check_evaluations()
     assert check.passed
 

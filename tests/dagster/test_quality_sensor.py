@@ -82,9 +82,10 @@ def test_failed_quality_check_is_recovered_once(
             "DELETE FROM payments WHERE payment_id = (SELECT min(payment_id) FROM payments)"
         ).rowcount
     assert deleted == 1
-    # A run of the job finds no new data and runs the checks; the blocking check fails it.
+    # A run of the job finds no new data and runs the checks: the run succeeds (the checks do
+    # not block), the pg_payments check fails.
     checked = run_job.execute_in_process(instance=instance, raise_on_error=False)
-    assert not checked.success
+    assert checked.success
     assert _quality(checked)["pg_payments"] is False
 
     requests, cursor = _tick(sensor, instance, cursor)
@@ -96,7 +97,7 @@ def test_failed_quality_check_is_recovered_once(
     assert "pg_payments" in request.tags["onceflow/failed_checks"].split(",")
     assert _tick(sensor, instance, cursor)[0] == []
 
-    # A retry of the failed run fails the same way: same retry chain, no second recovery.
+    # Another run in the same retry chain fails the same check: no second recovery.
     retry = run_job.execute_in_process(
         instance=instance,
         raise_on_error=False,
@@ -111,10 +112,9 @@ def test_failed_quality_check_is_recovered_once(
     )
     assert recovered.success
     (mat,) = recovered.asset_materializations_for_node("payments_recovery")
-    if mat.metadata["reconcile"].value != "unavailable":
-        assert mat.metadata["reconcile"].value == "full"
-        assert mat.metadata["pg_payments.missing"].value == 1
-        assert mat.metadata["pg_payments.repaired"].value is True
+    assert mat.metadata["reconcile"].value == "full"
+    assert mat.metadata["pg_payments.missing"].value == 1
+    assert mat.metadata["pg_payments.repaired"].value is True
     assert_exact(expected_outputs(landing), actual_outputs(pg_dsn, lake))
 
     # The checks pass again, and the sensor stays quiet.
