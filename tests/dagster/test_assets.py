@@ -12,24 +12,12 @@ import definitions
 from assets import RecoveryConfig, WindowRunConfig, build_job_assets
 from onceflow.generate import generate_payments
 from onceflow.jobs import get_job
-from resources import OnceflowSettingsResource, PostgresResource, SparkResource
 from tests.support.oracle import expected_outputs, visible_files
 from tests.support.outputs import actual_outputs, assert_exact
 
 pytestmark = pytest.mark.dagster
 
 SINKS = ["lake_payments", "pg_payments", "pg_merchant_balances", "pg_quarantine"]
-
-
-@pytest.fixture()
-def resources(spark, pg_dsn: str, lake: Path, landing: Path, tmp_path: Path) -> dict:
-    return {
-        "spark": SparkResource(),
-        "postgres": PostgresResource(dsn=pg_dsn),
-        "onceflow": OnceflowSettingsResource(
-            home=str(tmp_path / "home"), lake=str(lake), landing=str(landing)
-        ),
-    }
 
 
 @pytest.fixture()
