@@ -1,4 +1,4 @@
-"""The Dagster definitions of onceflow: every shipped job's assets, checks, jobs and sensors."""
+"""The Dagster definitions of onceflow: every configured job's assets, checks, jobs and sensors."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from typing import Any
 from dagster import Definitions
 
 from assets import build_job_assets
-from onceflow.jobs import JOB_NAMES, get_job
+from assets.factory import lake_tables
+from onceflow.registry import load_jobs
 from resources import OnceflowSettingsResource, PostgresResource, SparkResource
 
 
@@ -22,8 +23,11 @@ def default_resources() -> dict[str, Any]:
 
 
 def build_defs(resources: Mapping[str, Any] | None = None) -> Definitions:
-    """Assemble the definitions of every job in `JOB_NAMES` on `resources` (default: env)."""
-    parts = [build_job_assets(get_job(name)) for name in JOB_NAMES]
+    """Assemble the definitions of every configured job (`onceflow.registry`) on `resources`
+    (default: from the environment)."""
+    jobs = list(load_jobs().jobs.values())
+    upstream = lake_tables(jobs)
+    parts = [build_job_assets(job, upstream) for job in jobs]
     return Definitions(
         assets=[a for p in parts for a in p.assets],
         asset_checks=[c for p in parts for c in p.checks],

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from dagster import (
@@ -31,10 +31,11 @@ from dagster._core.definitions.asset_checks.asset_checks_definition import (
 )
 
 from assets.checks import CHECK_NAME, build_quality_checks
-from assets.config import RecoveryConfig, WindowRunConfig, format_windows
-from assets.runs import delta_version, run_windows, sink_metadata
+from assets.config import RecoveryConfig, WindowRunConfig
+from assets.runs import at_boundary, run_windows, sink_metadata
 from onceflow.engine import Engine, build_engine
-from onceflow.job import DeltaSink, Job
+from onceflow.job import Job
+from onceflow.windows import format_windows
 from resources import OnceflowSettingsResource, PostgresResource, SparkResource
 from resources._annotations import typed
 from sensors import build_failure_sensor, build_new_data_sensor, build_reconcile_schedule
@@ -52,8 +53,9 @@ class JobDefs(NamedTuple):
     schedules: list[ScheduleDefinition]
 
 
-def landing_key(job: Job) -> AssetKey:
-    return AssetKey(f"{job.name}_landing")
+def source_key(job: Job) -> AssetKey:
+    """The observable source asset of a job whose input no onceflow job writes."""
+    return AssetKey(f"{job.name}_{job.source.kind}")
 
 
 def sink_key(sink_name: str) -> AssetKey:
@@ -71,14 +73,28 @@ def make_engine(
     return build_engine(job, settings, spark.spark_session, postgres.resolve(settings.home))
 
 
-def build_job_assets(job: Job) -> JobDefs:
-    """Build the landing source, the sink assets, recovery, checks, jobs, sensors and schedule.
+def lake_tables(jobs: Sequence[Job]) -> dict[str, AssetKey]:
+    """Each lake table some job writes, with the asset of the sink that writes it."""
+    return {
+        sink.lake_table: sink_key(sink.name)
+        for job in jobs
+        for sink in job.sinks
+        if sink.lake_table is not None
+    }
+
+
+def build_job_assets(job: Job, upstream: Mapping[str, AssetKey] | None = None) -> JobDefs:
+    """Build the source, the sink assets, recovery, checks, jobs, sensors and schedule.
 
     One run of the sink assets is one run of the engine: it commits every sink, so the assets
-    cannot be materialised apart (`can_subset=False`).
+    cannot be materialised apart (`can_subset=False`). When another job writes the table this
+    job reads (`upstream`, from `lake_tables`), that job's sink asset is this job's upstream;
+    otherwise the job gets an observable source asset.
     """
-    source = _landing_asset(job)
-    sinks = _sink_assets(job)
+    table = job.source.lake_table
+    parent = (upstream or {}).get(table) if table is not None else None
+    source = None if parent is not None else _source_asset(job)
+    sinks = _sink_assets(job, parent or source_key(job))
     recovery = _recovery_asset(job, sinks)
     tags = {JOB_TAG: job.name}
     run_job = define_asset_job(
@@ -94,7 +110,7 @@ def build_job_assets(job: Job) -> JobDefs:
         description=f"Replays {job.name}'s pending windows, verifies every sink, reconciles.",
     )
     return JobDefs(
-        assets=[source, sinks, recovery],
+        assets=[a for a in (source, sinks, recovery) if a is not None],
         checks=build_quality_checks(job, [spec.key for spec in sinks.specs]),
         sensors=[
             build_new_data_sensor(job, run_job, tags),
@@ -111,32 +127,31 @@ def build_job_assets(job: Job) -> JobDefs:
     )
 
 
-def _landing_asset(job: Job) -> Any:
+def _source_asset(job: Job) -> Any:
     @observable_source_asset(
-        key=landing_key(job),
+        key=source_key(job),
         group_name=job.name,
-        description=f"Landing files of {job.name} (`{job.source.folder}/*{job.source.suffix}`).",
+        description=f"Input of {job.name}: {job.source.describe()}.",
     )
     @typed
     def _observe(onceflow: OnceflowSettingsResource) -> ObserveResult:
-        files = job.source.discover(onceflow.settings().landing)
-        newest = files[-1] if files else ""
+        seen = job.source.observe(onceflow.settings())
         return ObserveResult(
-            data_version=DataVersion(f"{len(files)}:{newest}"),
-            metadata={"files": MetadataValue.int(len(files)), "newest_file": newest or "none"},
+            data_version=DataVersion(seen.version),
+            metadata={"units": MetadataValue.int(seen.units), **dict(seen.metadata)},
         )
 
     return _observe
 
 
-def _sink_assets(job: Job) -> AssetsDefinition:
+def _sink_assets(job: Job, upstream: AssetKey) -> AssetsDefinition:
     specs = [
         AssetSpec(
             key=sink_key(sink.name),
-            deps=[landing_key(job)],
+            deps=[upstream],
             group_name=job.name,
-            kinds={"delta"} if isinstance(sink, DeltaSink) else {"postgres"},
-            description=f"{sink.kind} table `{sink.table}` ({job.name} output `{sink.output}`).",
+            kinds={sink.kind},
+            description=f"{sink.describe()}: {job.name} output `{sink.output}`.",
             metadata={"onceflow/job": job.name, "onceflow/sink": sink.name},
         )
         for sink in job.sinks
@@ -159,11 +174,10 @@ def _sink_assets(job: Job) -> AssetsDefinition:
         onceflow: OnceflowSettingsResource,
     ) -> Iterator[MaterializeResult]:
         engine = make_engine(job, spark, postgres, onceflow)
-        report = run_windows(engine, config, context.run_id, context.log)
+        request = context.dagster_run.root_run_id or context.run_id
+        report = at_boundary(run_windows)(engine, config, context.run_id, request, context.log)
         for sink in job.sinks:
-            version = (
-                delta_version(engine, sink.name, report) if isinstance(sink, DeltaSink) else None
-            )
+            version = engine.group_of[sink.name].data_version(sink.name)
             yield MaterializeResult(
                 asset_key=sink_key(sink.name),
                 metadata=sink_metadata(report, sink.name, version),
@@ -198,21 +212,16 @@ def _recovery_asset(job: Job, sinks: AssetsDefinition) -> AssetsDefinition:
         onceflow: OnceflowSettingsResource,
     ) -> MaterializeResult:
         engine = make_engine(job, spark, postgres, onceflow)
-        replayed = engine.run(run_id=context.run_id, max_windows=0).windows
+        replayed = at_boundary(engine.run)(run_id=context.run_id, max_windows=0).windows
         for window in replayed:
             context.log.info(
                 f"window {window.window_id}: "
                 + ("already committed in every sink" if window.noop else "replayed")
             )
-        every = {sink.name for sink in job.sinks}
         windows = engine.ledger.windows()
         if config.verify_last:
             windows = windows[-config.verify_last :]
-        incomplete = {
-            w.window_id: sorted(every - held)
-            for w in windows
-            if not (held := engine.committed_sinks(w.window_id)) >= every
-        }
+        incomplete = engine.incomplete_windows(windows)
         metadata: dict[str, Any] = {
             "windows_replayed": MetadataValue.int(sum(1 for w in replayed if not w.noop)),
             "windows_verified": MetadataValue.int(len(windows)),
@@ -249,7 +258,7 @@ def _reconcile(
         return {"reconcile": MetadataValue.text("off")}
     from onceflow.reconcile import reconcile
 
-    report = reconcile(engine, dry_run=config.dry_run, mode=config.reconcile)
+    report = at_boundary(reconcile)(engine, dry_run=config.dry_run, mode=config.reconcile)
     metadata: dict[str, Any] = {
         "reconcile": MetadataValue.text(
             config.reconcile + (" (dry run)" if config.dry_run else "")

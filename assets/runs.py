@@ -1,20 +1,50 @@
-"""What a Dagster run asks of the engine, and the report it gets back; no protocol logic here."""
+"""What a Dagster run asks of the engine, and the metadata it reports; no protocol logic here."""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
-from dagster import Failure, MetadataValue
+from dagster import Failure, MetadataValue, RetryRequested
 
-from assets.config import WindowRunConfig, format_windows, parse_windows
+from assets.config import WindowRunConfig
 from onceflow.engine import Engine, WindowResult
-from onceflow.sinks.delta import META_PREFIX
+from onceflow.errors import OnceflowError
+from onceflow.postgres import redact
+from onceflow.restate import restate_windows
+from onceflow.windows import format_windows, parse_windows
 
 # Offsets of at most this many windows go into one materialisation's metadata.
 MAX_OFFSETS_IN_METADATA = 50
-# Commits looked at to find the newest window commit behind a run's epoch claims.
-RECENT_COMMITS = 50
+# How often a step retries an error the core marks transient, and how long it waits.
+TRANSIENT_RETRIES = 3
+TRANSIENT_WAIT_S = 5
+
+T = TypeVar("T")
+
+
+def at_boundary(fn: Callable[..., T]) -> Callable[..., T]:
+    """Turn onceflow errors into Dagster's: retry what the core marks transient (`retryable`),
+    fail the rest at once with the error's message (credentials redacted)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> T:
+        try:
+            return fn(*args, **kwargs)
+        except OnceflowError as exc:
+            if exc.retryable:
+                raise RetryRequested(
+                    max_retries=TRANSIENT_RETRIES, seconds_to_wait=TRANSIENT_WAIT_S
+                ) from exc
+            raise Failure(
+                description=redact(exc.message),
+                metadata={"error": type(exc).__name__},
+                allow_retries=False,
+            ) from None
+
+    return wrapper
 
 
 @dataclass
@@ -27,75 +57,43 @@ class RunReport:
     notes: list[str] = field(default_factory=list)
 
 
-def run_windows(engine: Engine, config: WindowRunConfig, run_id: str, log: Any) -> RunReport:
+def run_windows(
+    engine: Engine, config: WindowRunConfig, run_id: str, request_id: str, log: Any
+) -> RunReport:
     """Process new data, or backfill / restate the windows `config` names.
 
     Args:
         engine: The job's engine.
         config: The run's configuration.
         run_id: The Dagster run id, recorded with every commit.
+        request_id: Names a restatement request: the root run id, so a retried run restates
+            each window once.
         log: Where to say what happened (Dagster's run log).
-
-    Raises:
-        Failure: The windows spec is malformed or names windows never planned.
     """
     if not config.windows:
         if config.restate:
             raise Failure("restate needs `windows`: name the windows to restate, e.g. 3-7.")
-        result = engine.run(max_files_per_window=config.max_files_per_window, run_id=run_id)
+        result = engine.run(max_units_per_window=config.max_files_per_window, run_id=run_id)
         report = RunReport("new data", result.windows)
-        _log_windows(report, log)
-        return report
-    try:
+    else:
         ids = parse_windows(config.windows)
-    except ValueError as exc:
-        raise Failure(str(exc)) from None
-    engine.prepare()
-    last = engine.ledger.last_window_id()
-    unplanned = [wid for wid in ids if wid > last]
-    if unplanned:
-        raise Failure(
-            f"windows {format_windows(unplanned)} were never planned (the last planned window is "
-            f"{last}); windows are planned by a run without `windows`, which processes new data."
-        )
-    if config.restate:
-        return _restate(engine, ids, run_id, log)
-    report = RunReport("backfill")
-    every = {sink.name for sink in engine.job.sinks}
-    replay = []
-    for wid in ids:
-        held = engine.committed_sinks(wid)
-        if held >= every:
-            report.noop_windows.append(wid)
-            log.info(f"window {wid} already committed in every sink; nothing changed")
-            continue
-        window = engine.ledger.window(wid)
-        if window is not None and window.completed:
-            note = (
-                f"window {wid} is marked completed but {sorted(every - held)} do not hold it: "
-                "damage from outside onceflow; run the recovery job to reconcile."
+        if config.restate:
+            report = RunReport(
+                "restate", restate_windows(engine, ids, request_id=request_id, run_id=run_id)
             )
-            report.notes.append(note)
-            log.warning(note)
         else:
-            replay.append(wid)
-    if replay:
-        log.info(f"windows {format_windows(replay)} are pending; replaying pending windows")
-        report.windows = engine.run(run_id=run_id, max_windows=0).windows
-        _log_windows(report, log)
-    return report
-
-
-def _restate(engine: Engine, ids: list[int], run_id: str, log: Any) -> RunReport:
-    report = RunReport("restate")
-    for wid in ids:
-        report.windows.append(engine.restate_window(wid, run_id))
-        log.info(f"window {wid} restated in every sink")
+            done = engine.backfill(ids, run_id)
+            report = RunReport("backfill", done.windows, done.noop_windows, done.notes)
+    _log_windows(report, log)
     return report
 
 
 def _log_windows(report: RunReport, log: Any) -> None:
-    if not report.windows:
+    for wid in report.noop_windows:
+        log.info(f"window {wid} already committed in every sink; nothing changed")
+    for note in report.notes:
+        log.warning(note)
+    if not report.windows and not report.noop_windows:
         log.info("no pending windows and no new input; nothing changed")
     for window in report.windows:
         if window.noop:
@@ -105,12 +103,12 @@ def _log_windows(report: RunReport, log: Any) -> None:
         done = sorted(n for n, s in window.sinks.items() if s.committed)
         held = sorted(n for n, s in window.sinks.items() if s.already_committed)
         log.info(
-            f"window {window.window_id}: committed to {', '.join(done)}"
+            f"window {window.window_id}: {report.mode}, committed to {', '.join(done)}"
             + (f"; already held by {', '.join(held)}" if held else "")
         )
 
 
-def sink_metadata(report: RunReport, sink: str, delta_version: int | None) -> dict[str, Any]:
+def sink_metadata(report: RunReport, sink: str, data_version: int | None) -> dict[str, Any]:
     """Materialisation metadata of one sink asset for one run; counts as ints so the UI plots."""
     mine = [(w, w.sinks[sink]) for w in report.windows if sink in w.sinks]
     committed = [w for w, outcome in mine if outcome.committed]
@@ -128,7 +126,6 @@ def sink_metadata(report: RunReport, sink: str, delta_version: int | None) -> di
         "windows_committed": MetadataValue.int(len(committed)),
         "windows_already_committed": MetadataValue.int(len(already)),
         "noop": MetadataValue.bool(not committed),
-        "files": MetadataValue.int(sum(len(w.offsets.get("files", [])) for w in committed)),
         "rows_in": MetadataValue.int(total("rows_in")),
         "rows_kept": MetadataValue.int(total("kept")),
         "duplicates": MetadataValue.int(total("duplicates")),
@@ -143,42 +140,26 @@ def sink_metadata(report: RunReport, sink: str, delta_version: int | None) -> di
         metadata["window_last"] = MetadataValue.int(committed[-1].window_id)
         metadata["offsets"] = MetadataValue.json(
             {
-                str(w.window_id): {
-                    "files": len(w.offsets.get("files", [])),
-                    "first": (w.offsets.get("files") or [None])[0],
-                    "last": (w.offsets.get("files") or [None])[-1],
-                }
+                str(w.window_id): _offsets_summary(w.offsets)
                 for w in committed[-MAX_OFFSETS_IN_METADATA:]
             }
         )
     xids = [o.xid for _, o in mine if o.committed and o.xid]
     if xids:
         metadata["transaction_id"] = MetadataValue.text(xids[-1])
-    if delta_version is not None:
-        metadata["delta_version"] = MetadataValue.int(delta_version)
+    if data_version is not None:
+        metadata["delta_version"] = MetadataValue.int(data_version)
     if report.notes:
         metadata["notes"] = MetadataValue.md("\n".join(f"- {n}" for n in report.notes))
     return metadata
 
 
-def delta_version(engine: Engine, sink: str, report: RunReport) -> int | None:
-    """The Delta version holding the sink's newest window commit after the run.
-
-    Epoch claims add empty commits to the table on every run, so the table's current version
-    moves even when no data did; the newest window commit is the data's version.
-    """
-    versions = [
-        w.sinks[sink].delta_version
-        for w in report.windows
-        if sink in w.sinks and w.sinks[sink].delta_version is not None
-    ]
-    if versions:
-        return versions[-1]
-    table = engine.delta[sink]
-    if not table.exists():
-        return None
-    delta = table.table()
-    for entry in delta.history(limit=RECENT_COMMITS):
-        if entry.get(f"{META_PREFIX}window_id") is not None and "version" in entry:
-            return int(entry["version"])
-    return int(delta.version())
+def _offsets_summary(offsets: dict[str, Any]) -> dict[str, Any]:
+    """A window's offsets, short: long lists become their length and ends."""
+    out: dict[str, Any] = {}
+    for key, value in offsets.items():
+        if isinstance(value, list) and len(value) > 2:
+            out[key] = {"count": len(value), "first": value[0], "last": value[-1]}
+        else:
+            out[key] = value
+    return out

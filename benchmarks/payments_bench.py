@@ -125,7 +125,7 @@ def run_engine(
     engine.prepare()
     with MemorySampler() as mem:
         started = time.perf_counter()
-        result = engine.run(max_files_per_window=1)
+        result = engine.run(max_units_per_window=1)
         elapsed = time.perf_counter() - started
     m = Measurement(
         label,

@@ -66,8 +66,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from onceflow.engine import Engine
     from onceflow.generate import generate_payments
-    from onceflow.jobs import get_job
     from onceflow.reconcile import format_report, reconcile
+    from onceflow.registry import get_job
     from onceflow.settings import Settings
     from onceflow.spark import build_spark_session
     from onceflow.validation import validate_job
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     spark = build_spark_session(app_name="onceflow-recovery-bench")
     engine = Engine(get_job("payments"), settings, spark, dsn)
     t0 = time.perf_counter()
-    engine.run(max_files_per_window=1)
+    engine.run(max_units_per_window=1)
     load_s = time.perf_counter() - t0
     print(f"loaded {args.records:,} payments in {load_s:.1f}s", file=sys.stderr)
 

@@ -41,13 +41,12 @@ def build_new_data_sensor(
     *,
     interval_s: int | None = None,
 ) -> SensorDefinition:
-    """A sensor requesting a run of `target` whenever files land after the last one it saw.
+    """A sensor requesting a run of `target` whenever the job's source shows new input.
 
-    The cursor is the newest file name seen: landing file names sort in creation order, so
-    every file after it is new. The run key is that newest name, so a batch is requested once,
-    and the engine plans input by itself, so a run finding nothing new is harmless. A file that
-    lands late under an older name is picked up by the next run all the same. The interval
-    defaults to `default_interval_s()`.
+    The cursor is the source's observation token (`Source.observe`: the newest landing file,
+    the table version); a different token means new input. The run key is that token, so new
+    input is requested once, and the engine plans input by itself, so a run finding nothing
+    new is harmless. The interval defaults to `default_interval_s()`.
     """
 
     @sensor(
@@ -55,30 +54,23 @@ def build_new_data_sensor(
         job=target,
         minimum_interval_seconds=interval_s if interval_s is not None else default_interval_s(),
         default_status=DefaultSensorStatus.RUNNING,
-        description=f"Requests a run of {job.name} when new landing files appear.",
+        description=f"Requests a run of {job.name} when new input appears in its source.",
     )
     @typed
     def _new_data(
         context: SensorEvaluationContext, onceflow: OnceflowSettingsResource
     ) -> SensorResult | SkipReason:
-        files = job.source.discover(onceflow.settings().landing)
-        last = context.cursor or ""
-        new = [f for f in files if f > last]
-        if not new:
-            return SkipReason(f"no landing file after {last or 'the start'}")
-        newest = new[-1]
+        seen = job.source.observe(onceflow.settings())
+        if seen.units == 0 or seen.version == (context.cursor or ""):
+            return SkipReason(f"no new input in {job.source.describe()}")
         return SensorResult(
             run_requests=[
                 RunRequest(
-                    run_key=f"{job.name}:{newest}",
-                    tags={
-                        **tags,
-                        "onceflow/newest_file": newest,
-                        "onceflow/new_files": str(len(new)),
-                    },
+                    run_key=f"{job.name}:{seen.version}",
+                    tags={**tags, "onceflow/source_version": seen.version[:200]},
                 )
             ],
-            cursor=newest,
+            cursor=seen.version,
         )
 
     return _new_data

@@ -141,10 +141,9 @@ def build_quality_sensor(
     retry chain (`dagster/root_run_id`), so Dagster's run retries do not multiply recoveries.
     The run key is the run id and the storage id of its first failed evaluation.
 
-    The checks are blocking, so the run fails as well and the failure sensor launches a
-    recovery too once the run's retries are spent: the two are serialised by the job's tag
-    limit, and the later one finds nothing left to repair. This sensor still matters because
-    it acts on the first failure, before the retries, and on checks run outside a job run.
+    The checks are not blocking: a failed check does not fail its run (the data it judges is
+    committed already, and failing the run would only add a second recovery), so this sensor
+    is what turns a failed check into a recovery, for checks run inside a job run or alone.
     """
     keys = set(check_keys)
     # A failed check says a sink disagrees with the ledger somewhere, not in which window: the

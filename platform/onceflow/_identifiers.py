@@ -12,7 +12,7 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 def check_identifier(name: str, what: str) -> str:
     """Return `name` if it is a safe SQL identifier that PostgreSQL will not truncate."""
-    if not _NAME.match(name):
+    if not isinstance(name, str) or not _NAME.match(name):
         raise ConfigurationError(
             f"{what} {name!r} is not a plain identifier: use letters, digits and underscores, "
             "starting with a letter or underscore."
@@ -30,6 +30,17 @@ def delta_app_id(job: str, sink: str) -> str:
     return f"onceflow/{job}/{sink}"
 
 
+def epoch_app_id(job: str, sink: str) -> str:
+    """The Delta application-transaction id under which runs claim a table for their epoch."""
+    return f"{delta_app_id(job, sink)}/epoch"
+
+
 def restate_app_id(job: str, sink: str) -> str:
     """The Delta application-transaction id that records restatements of windows."""
-    return f"onceflow/{job}/{sink}/restate"
+    return f"{delta_app_id(job, sink)}/restate"
+
+
+def session_name(job: str, epoch: int | None) -> str:
+    """The PostgreSQL application name that lets a newer run find (and end) an older run's
+    sessions."""
+    return f"onceflow/{job}/e{epoch}" if epoch is not None else f"onceflow/{job}/new"

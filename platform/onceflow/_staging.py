@@ -1,9 +1,15 @@
-"""A window's outputs, computed once and kept until every sink holds them (stable output)."""
+"""A window's outputs, computed once and kept until every sink holds them (stable output).
+
+A stage is tied to the exact offsets it was computed from: its folder name carries a digest of
+them, so a window re-planned over other input (after the ledger was lost) never reuses it.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,16 +21,28 @@ if TYPE_CHECKING:
 _COMPLETE = "_COMPLETE.json"
 
 
-class WindowStage:
-    """The staging folder of one window: `<lake>/_onceflow/staging/<job>/w<id>/<output>/`."""
+def offsets_digest(offsets: Mapping[str, Any]) -> str:
+    """A short digest of a window's offsets."""
+    return hashlib.sha1(json.dumps(offsets, sort_keys=True).encode()).hexdigest()[:12]
 
-    def __init__(self, lake: Path, job: str, window_id: int, tag: str = "") -> None:
-        self.root = lake / "_onceflow" / "staging" / job / f"w{window_id:010d}{tag}"
+
+class WindowStage:
+    """The staging folder of one window: `<lake>/_onceflow/staging/<job>/w<id>-<digest><tag>/`."""
+
+    def __init__(
+        self, lake: Path, job: str, window_id: int, offsets: Mapping[str, Any], tag: str = ""
+    ) -> None:
+        self.parent = lake / "_onceflow" / "staging" / job
+        self.root = self.parent / f"w{window_id:010d}-{offsets_digest(offsets)}{tag}"
+        self.window_id = window_id
 
     def complete(self) -> dict[str, Any] | None:
         """The stats written when staging finished, or None if it did not."""
         marker = self.root / _COMPLETE
         return json.loads(marker.read_text()) if marker.is_file() else None
+
+    def path(self, name: str) -> Path:
+        return self.root / name
 
     def write(self, name: str, df: DataFrame) -> DataFrame:
         """Write `df` on the executors and return a DataFrame reading the staged copy."""
@@ -45,41 +63,8 @@ class WindowStage:
         tmp.replace(self.root / _COMPLETE)
 
     def discard(self) -> None:
-        shutil.rmtree(self.root, ignore_errors=True)
-
-
-class Contributions:
-    """What each window added to an accumulating sink, kept so a restatement can take it back.
-
-    Small (one row per key per window) and written before the sink commits, from the same
-    staged rows the sink commits, so it always matches what the sink received.
-    """
-
-    def __init__(self, lake: Path, job: str, sink: str) -> None:
-        self.root = lake / "_onceflow" / "contributions" / job / sink
-
-    def path(self, window_id: int) -> Path:
-        return self.root / f"w{window_id:010d}"
-
-    def exists(self, window_id: int) -> bool:
-        return self.path(window_id).is_dir()
-
-    def save(self, window_id: int, staged: Path, *, replace: bool = False) -> None:
-        """Keep a copy of `staged` as the window's contribution (atomically, by rename)."""
-        if self.exists(window_id) and not replace:
+        """Remove this window's stages (any digest or tag)."""
+        if not self.parent.is_dir():
             return
-        self.root.mkdir(parents=True, exist_ok=True)
-        tmp = self.root / f".w{window_id:010d}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(staged, tmp)
-        if self.exists(window_id):
-            old = self.root / f".w{window_id:010d}.old"
-            shutil.rmtree(old, ignore_errors=True)
-            self.path(window_id).rename(old)
-            tmp.rename(self.path(window_id))
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(self.path(window_id))
-
-    def read(self, spark: SparkSession, window_id: int) -> DataFrame:
-        return spark.read.parquet(str(self.path(window_id)))
+        for folder in self.parent.glob(f"w{self.window_id:010d}-*"):
+            shutil.rmtree(folder, ignore_errors=True)

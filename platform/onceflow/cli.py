@@ -1,4 +1,4 @@
-"""The `onceflow` command line: run, status, reconcile, validate, generate, demo."""
+"""The `onceflow` command line: run, status, reconcile, restate, validate, jobs, generate, demo."""
 
 from __future__ import annotations
 
@@ -22,10 +22,10 @@ EXIT_FENCED = 3
 EXIT_CHECKS_FAILED = 4
 
 
-def _engine(job_name: str, guarantee: str | None = None) -> Any:
+def _engine(job_name: str, guarantee: str | None = None, *, spark: bool = True) -> Any:
     from onceflow.engine import build_engine
-    from onceflow.jobs import get_job
-    from onceflow.postgres import resolve_dsn
+    from onceflow.postgres import connect, resolve_dsn
+    from onceflow.registry import get_job
     from onceflow.settings import Settings
     from onceflow.spark import build_spark_session
 
@@ -33,14 +33,14 @@ def _engine(job_name: str, guarantee: str | None = None) -> Any:
     job = get_job(job_name)
     settings.check_folders()
     dsn = resolve_dsn(settings.postgres_dsn, settings.home)
-    from onceflow.postgres import connect
-
     connect(dsn).close()  # fail fast, before Spark starts, on an unreachable server
-    spark = build_spark_session(
-        master=os.environ.get("ONCEFLOW_SPARK_MASTER"),
-        remote=os.environ.get("ONCEFLOW_SPARK_REMOTE"),
-    )
-    return build_engine(job, settings, spark, dsn, guarantee=guarantee)
+    session = None
+    if spark:
+        session = build_spark_session(
+            master=os.environ.get("ONCEFLOW_SPARK_MASTER"),
+            remote=os.environ.get("ONCEFLOW_SPARK_REMOTE"),
+        )
+    return build_engine(job, settings, session, dsn, guarantee=guarantee)
 
 
 def _print_window(result: Any) -> None:
@@ -52,11 +52,19 @@ def _print_window(result: Any) -> None:
         f"{name}={'held' if s.already_committed else s.rows}" for name, s in result.sinks.items()
     )
     print(
-        f"window {result.window_id}: {len(result.offsets.get('files', []))} file(s), "
-        f"{stats.get('rows_in', 0)} lines, {stats.get('kept', 0)} kept, "
+        f"window {result.window_id}: {_units(result.offsets)}, "
+        f"{stats.get('rows_in', 0)} records, {stats.get('kept', 0)} kept, "
         f"{stats.get('duplicates', 0)} duplicates, {stats.get('quarantined', 0)} quarantined; "
         f"{sinks} ({result.latency_s:.2f}s)"
     )
+
+
+def _units(offsets: dict[str, Any]) -> str:
+    if "files" in offsets:
+        return f"{len(offsets['files'])} file(s)"
+    if "start" in offsets and "end" in offsets:
+        return f"versions {offsets['start']}-{offsets['end']}"
+    return "input"
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -71,7 +79,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.follow:
         signal.signal(signal.SIGINT, on_term)
     result = engine.run(
-        max_files_per_window=args.max_files_per_window,
+        max_units_per_window=args.max_files_per_window,
         follow=args.follow,
         poll_interval_s=args.poll_interval,
         stop=stop,
@@ -84,7 +92,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from onceflow.status import job_status
 
-    engine = _engine(args.job)
+    engine = _engine(args.job, spark=False)
     status = job_status(engine)
     if args.json:
         print(json.dumps(status, indent=2, default=str))
@@ -106,6 +114,33 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_restate(args: argparse.Namespace) -> int:
+    from onceflow.restate import restate_windows
+    from onceflow.windows import parse_windows
+
+    ids = parse_windows(args.windows)
+    engine = _engine(args.job)
+    results = restate_windows(engine, ids, request_id=args.request_id)
+    for result in results:
+        if result.noop:
+            print(f"window {result.window_id}: this request already restated it; nothing changed")
+            continue
+        sinks = ", ".join(f"{n}={s.rows}" for n, s in result.sinks.items())
+        print(f"window {result.window_id}: restated in every sink ({sinks})")
+    return 0
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    from onceflow.registry import load_jobs
+
+    jobs = load_jobs()
+    print(f"jobs from {jobs.origin}:")
+    for job in jobs.jobs.values():
+        sinks = ", ".join(f"{s.name} ({s.describe()})" for s in job.sinks)
+        print(f"  {job.name}: {job.source.describe()} → {sinks} [{job.guarantee.value}]")
+    return 0
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     from onceflow.validation import validate_job
 
@@ -120,11 +155,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    from onceflow.errors import ConfigurationError
     from onceflow.generate import generate_payments
-    from onceflow.jobs import get_job
     from onceflow.settings import Settings
 
-    get_job(args.job)
+    if args.job != "payments":
+        raise ConfigurationError(
+            f"there is no generator for {args.job!r}; `generate` writes `payments` input."
+        )
     settings = Settings.from_env()
     settings.landing.mkdir(parents=True, exist_ok=True)
     out = generate_payments(
@@ -158,7 +196,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="process everything visible, commit it to every sink")
     run.add_argument("job")
-    run.add_argument("--max-files-per-window", type=int, default=None)
+    run.add_argument(
+        "--max-files-per-window",
+        type=int,
+        default=None,
+        help="most files (or, for a Delta table source, table versions) a new window takes",
+    )
     run.add_argument(
         "--follow", action="store_true", help="keep committing new files until SIGTERM"
     )
@@ -176,6 +219,19 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument("--dry-run", action="store_true")
     rec.add_argument("--incremental", action="store_true")
     rec.set_defaults(func=cmd_reconcile)
+
+    res = sub.add_parser("restate", help="replace chosen windows' effect in every sink")
+    res.add_argument("job")
+    res.add_argument("--windows", required=True, help="window ids, e.g. 3-7 or 3,5,9-10")
+    res.add_argument(
+        "--request-id",
+        default=None,
+        help="name the request so that running it again restates each window once",
+    )
+    res.set_defaults(func=cmd_restate)
+
+    jobs = sub.add_parser("jobs", help="list the jobs onceflow finds")
+    jobs.set_defaults(func=cmd_jobs)
 
     val = sub.add_parser("validate", help="run the Great Expectations suites")
     val.add_argument("job")

@@ -8,7 +8,8 @@ import sys
 import time
 
 from onceflow.generate import generate_payments
-from onceflow.postgres import connect, resolve_dsn
+from onceflow.ledger import Ledger
+from onceflow.postgres import resolve_dsn
 from onceflow.settings import Settings
 
 
@@ -34,18 +35,9 @@ def run_demo(records: int = 20000, files: int = 8) -> int:
         f"{generated.duplicates} duplicates, {len(generated.invalid)} invalid lines"
     )
     dsn = resolve_dsn(settings.postgres_dsn, settings.home)
-    with connect(dsn) as conn:
-        conn.execute("CREATE SCHEMA IF NOT EXISTS onceflow")
-        conn.execute(
-            "CREATE TABLE IF NOT EXISTS onceflow.windows (job text, window_id bigint,"
-            " offsets jsonb NOT NULL, epoch bigint NOT NULL, planned_at timestamptz NOT NULL"
-            " DEFAULT now(), stats jsonb, completed_at timestamptz, PRIMARY KEY (job, window_id))"
-        )
-        row = conn.execute(
-            "SELECT coalesce(max(window_id), 0) FROM onceflow.windows WHERE job = 'payments'"
-        ).fetchone()
-        conn.commit()
-    crash_window = (int(row[0]) if row else 0) + 2
+    ledger = Ledger(dsn, "payments")
+    ledger.ensure_schema()
+    crash_window = ledger.last_window_id() + 2
     env = {**os.environ, "ONCEFLOW_FAULT": f"pg_commit_sent@{crash_window}"}
     if settings.postgres_dsn is None:
         env["ONCEFLOW_POSTGRES_DSN"] = dsn

@@ -6,39 +6,27 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from onceflow import faults
-from onceflow._staging import Contributions, WindowStage
-from onceflow.errors import LedgerError
-from onceflow.job import DeltaSink, Guarantee, Job, PostgresSink, WindowContext
+from onceflow._compute import KEPT, PARSED, compute
+from onceflow._staging import WindowStage
+from onceflow.errors import ConfigurationError, LedgerError
+from onceflow.job import Guarantee, Job
 from onceflow.ledger import Ledger, Window
 from onceflow.settings import Settings
-from onceflow.sinks.delta import DeltaTableSink, read_delta
-from onceflow.sinks.postgres import PostgresTableSink
+from onceflow.sinks import SinkContext, SinkGroup, SinkOutcome, open_groups
+from onceflow.windows import WINDOW_COL
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 _log = logging.getLogger(__name__)
 
-DEFAULT_MAX_FILES_PER_WINDOW = 1000
-
-
-@dataclass
-class SinkOutcome:
-    """What one sink did with one window."""
-
-    sink: str
-    committed: bool  # this run wrote the window
-    already_committed: bool  # the sink held it before
-    rows: int = 0
-    delta_version: int | None = None
-    xid: str | None = None
-    latency_s: float = 0.0
+# Most units (files, table versions) a new window takes unless the run says otherwise.
+DEFAULT_MAX_UNITS_PER_WINDOW = 1000
 
 
 @dataclass
@@ -67,6 +55,15 @@ class RunResult:
     windows: list[WindowResult] = field(default_factory=list)
 
 
+@dataclass
+class BackfillResult:
+    """What a backfill of chosen windows did."""
+
+    windows: list[WindowResult] = field(default_factory=list)
+    noop_windows: list[int] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
 class Engine:
     """Runs one job against one set of settings, on one Spark session."""
 
@@ -74,91 +71,127 @@ class Engine:
         self,
         job: Job,
         settings: Settings,
-        spark: SparkSession,
+        spark: SparkSession | None,
         dsn: str,
         *,
         guarantee: Guarantee | str | None = None,
     ) -> None:
         self.job = job.with_guarantee(guarantee) if guarantee else job
         self.settings = settings
-        self.spark = spark
+        self._spark = spark
         self.dsn = dsn
         self.ledger = Ledger(dsn, job.name)
-        self.delta: dict[str, DeltaTableSink] = {}
-        self.postgres: dict[str, PostgresTableSink] = {}
-        for sink in self.job.sinks:
-            if isinstance(sink, DeltaSink):
-                self.delta[sink.name] = DeltaTableSink(
-                    job.name, sink.name, settings.lake / sink.table
-                )
-            else:
-                self.postgres[sink.name] = PostgresTableSink(job.name, sink, dsn, self.ledger)
+        self.groups: list[SinkGroup] = open_groups(
+            self.job.sinks, SinkContext(self.job, settings, dsn, self.ledger)
+        )
+        self.group_of = {name: group for group in self.groups for name in group.names}
         self._prepared = False
+
+    @property
+    def spark(self) -> SparkSession:
+        """The Spark session; an engine opened for status only has none."""
+        if self._spark is None:
+            raise ConfigurationError(
+                f"job {self.job.name}: this engine was opened without Spark (status only)."
+            )
+        return self._spark
 
     @property
     def exactly_once(self) -> bool:
         return self.job.guarantee is Guarantee.EXACTLY_ONCE
 
-    # -- set-up -------------------------------------------------------------------------------
+    @property
+    def sink_names(self) -> list[str]:
+        return [s.name for s in self.job.sinks]
+
+    # -- start-up -----------------------------------------------------------------------------
 
     def prepare(self) -> None:
-        """Create the ledger and the PostgreSQL tables; rebuild the ledger from the sinks."""
+        """Create the ledger and what the sinks need (idempotent)."""
         if self._prepared:
             return
         self.ledger.ensure_schema()
-        for sink in self.postgres.values():
-            sink.ensure_table()
+        for group in self.groups:
+            group.prepare()
         self._prepared = True
 
     def sink_epoch_floor(self) -> int:
         """The highest epoch any sink has seen, so a new epoch is higher even without a ledger."""
-        floor = 0
-        for sink in self.delta.values():
-            floor = max(floor, sink.fenced_by())
-        with self.ledger.connect() as conn:
-            row = conn.execute(
-                "SELECT coalesce(max(epoch), 0) FROM onceflow.sink_commits WHERE job = %s",
-                (self.job.name,),
-            ).fetchone()
-            floor = max(floor, int(row[0]) if row else 0)
-        return floor
+        return max([group.epoch_floor() for group in self.groups], default=0)
 
     def rebuild_ledger(self) -> list[int]:
-        """Put back windows the sinks recorded but the ledger lost; return their ids."""
+        """Put back windows the sinks recorded but the ledger lost; return their ids.
+
+        Also re-creates the unit index from the windows' offsets (it can be lost on its own;
+        without it, planned input would be planned again as new windows).
+        """
         known = {w.window_id for w in self.ledger.windows()}
         found: dict[int, Window] = {}
-        for sink in self.delta.values():
-            for entry in sink.history():
-                wid = int(entry["onceflow.window_id"])
-                if wid not in known and wid not in found:
-                    import json
-
-                    found[wid] = Window(
-                        self.job.name,
-                        wid,
-                        json.loads(entry["onceflow.offsets"]),
-                        int(entry["onceflow.epoch"]),
+        for group in self.groups:
+            for rec in group.recorded_windows():
+                if rec.window_id not in known and rec.window_id not in found:
+                    found[rec.window_id] = Window(
+                        self.job.name, rec.window_id, rec.offsets, rec.epoch
                     )
-        for name in self.postgres:
-            for wid, marker in self.ledger.markers(name).items():
-                if wid not in known and wid not in found:
-                    found[wid] = Window(self.job.name, wid, marker["offsets"], int(marker["epoch"]))
         for wid in sorted(found):
-            window = found[wid]
-            self.ledger.restore_window(window, window.offsets.get("files", []))
-        # The file index can be lost on its own; without it, planned files would be planned
-        # again as new windows.
-        self.ledger.restore_source_files()
+            self.ledger.restore_window(found[wid], self.job.source.units(found[wid].offsets))
+        indexed = self.ledger.indexed_windows()
+        missing = [w for w in self.ledger.windows() if w.window_id not in indexed]
+        self.ledger.restore_units(
+            (unit, w.window_id) for w in missing for unit in self.job.source.units(w.offsets)
+        )
         if found:
             _log.warning("job %s: rebuilt %d window(s) from the sinks", self.job.name, len(found))
         return sorted(found)
+
+    def check_retention(self) -> None:
+        """Refuse when a sink may forget the commit records a replay needs."""
+        with self.ledger.connect() as conn:
+            row = conn.execute(
+                "SELECT min(planned_at) FROM onceflow.windows WHERE job = %s", (self.job.name,)
+            ).fetchone()
+        oldest = row[0] if row else None
+        for group in self.groups:
+            group.check_retention(oldest)
+
+    def start(self, run_id: str) -> int:
+        """The start-up of every writing run: prepare, rebuild the ledger from the sinks, check
+        retention, take a new epoch above every sink's, and claim it in every sink."""
+        self.prepare()
+        self.rebuild_ledger()
+        self.check_retention()
+        epoch = self.ledger.acquire_epoch(run_id, floor=self.sink_epoch_floor())
+        for group in self.groups:
+            group.claim_epoch(epoch)
+        return epoch
+
+    # -- commit state -------------------------------------------------------------------------
+
+    def held(self, window_ids: Sequence[int]) -> dict[int, set[str]]:
+        """For each window, the sinks that hold it (one look per group)."""
+        state: dict[int, set[str]] = {wid: set() for wid in window_ids}
+        for group in self.groups:
+            for sink, ids in group.held(window_ids).items():
+                for wid in ids:
+                    state[wid].add(sink)
+        return state
+
+    def committed_sinks(self, window_id: int) -> set[str]:
+        """The sinks that hold `window_id`."""
+        return self.held([window_id])[window_id]
+
+    def incomplete_windows(self, windows: Sequence[Window]) -> dict[int, list[str]]:
+        """Windows some sink does not hold, with the sinks that lack them."""
+        every = set(self.sink_names)
+        state = self.held([w.window_id for w in windows])
+        return {wid: sorted(every - held) for wid, held in state.items() if held != every}
 
     # -- running ------------------------------------------------------------------------------
 
     def run(
         self,
         *,
-        max_files_per_window: int | None = None,
+        max_units_per_window: int | None = None,
         run_id: str | None = None,
         follow: bool = False,
         poll_interval_s: float = 1.0,
@@ -169,24 +202,18 @@ class Engine:
         """Replay pending windows, then plan and commit windows for all visible new input.
 
         Args:
-            max_files_per_window: Most files a new window takes (default 1000).
+            max_units_per_window: Most units (files, table versions) a new window takes.
             run_id: An id for this run, recorded with every commit.
-            follow: Keep running and commit new files as they land, until `stop` is set.
-            poll_interval_s: How often `follow` looks for new files.
+            follow: Keep running and commit new input as it appears, until `stop` is set.
+            poll_interval_s: How often `follow` looks for new input.
             stop: Set it to end a `follow` run after the current window.
             on_window: Called after each window.
-            max_windows: Plan at most this many new windows.
+            max_windows: Plan at most this many new windows (0: only replay pending ones).
         """
-        from onceflow.reconcile import check_replay_horizon
-
-        self.prepare()
-        self.rebuild_ledger()
-        check_replay_horizon(self)
+        if max_units_per_window is not None and max_units_per_window < 1:
+            raise ConfigurationError("max files (units) per window must be at least 1.")
         run_id = run_id or uuid.uuid4().hex
-        epoch = self.ledger.acquire_epoch(run_id, floor=self.sink_epoch_floor())
-        for sink in self.delta.values():
-            if sink.exists():
-                sink.claim_epoch(epoch)
+        epoch = self.start(run_id)
         result = RunResult(self.job.name, run_id, epoch)
 
         def done(window_result: WindowResult) -> None:
@@ -199,7 +226,7 @@ class Engine:
         stop = stop or threading.Event()
         planned = 0
         while max_windows is None or planned < max_windows:
-            for window in self._plan_new(epoch, max_files_per_window):
+            for window in self._plan_new(epoch, max_units_per_window):
                 done(self.process_window(window, epoch, run_id))
                 planned += 1
                 if stop.is_set() or (max_windows is not None and planned >= max_windows):
@@ -209,48 +236,22 @@ class Engine:
             stop.wait(poll_interval_s)
         return result
 
-    def _plan_new(self, epoch: int, max_files: int | None) -> Any:
-        """Plan windows over visible unplanned files, yielding each as soon as it is planned."""
-        root = self.settings.landing
-        files = self.ledger.unplanned(self.job.source.discover(root))
-        size = max_files or DEFAULT_MAX_FILES_PER_WINDOW
-        for start in range(0, len(files), size):
-            chunk = files[start : start + size]
-            window = self.ledger.plan_window(epoch, self.job.source.offsets(root, chunk), chunk)
+    def unplanned_units(self) -> list[str]:
+        """Visible input no window has taken yet, in source order."""
+        source = self.job.source
+        return self.ledger.unplanned(source.discover(self.settings, self.ledger.last_offsets()))
+
+    def _plan_new(self, epoch: int, max_units: int | None) -> Iterator[Window]:
+        """Plan windows over unplanned input, yielding each as soon as it is planned."""
+        units = self.unplanned_units()
+        size = max_units or DEFAULT_MAX_UNITS_PER_WINDOW
+        for start in range(0, len(units), size):
+            chunk = units[start : start + size]
+            offsets = self.job.source.offsets(self.settings, chunk)
+            window = self.ledger.plan_window(epoch, offsets, chunk)
             if self.job.guarantee is Guarantee.NONE:
                 self.ledger.mark_completed(window.window_id)
             yield window
-
-    def commit_state(self, window_ids: Sequence[int] | None = None) -> dict[int, set[str]]:
-        """For each window (default: every planned one), the sinks that hold it.
-
-        One look at each Delta table and one query per PostgreSQL sink, whatever the number
-        of windows.
-        """
-        if window_ids is None:
-            window_ids = [w.window_id for w in self.ledger.windows()]
-        through = {name: s.committed_through() for name, s in self.delta.items()}
-        state = {wid: {n for n, t in through.items() if t >= wid} for wid in window_ids}
-        for name in self.postgres:
-            for wid in self.ledger.markers(name, list(window_ids)):
-                state[wid].add(name)
-        return state
-
-    def restate_window(
-        self, window_id: int, run_id: str, request_id: str | None = None
-    ) -> WindowResult:
-        """Replace `window_id`'s effect in every sink (see `onceflow.restate`)."""
-        from onceflow.restate import restate_window
-
-        return restate_window(self, window_id, run_id=run_id, request_id=request_id)
-
-    def committed_sinks(self, window_id: int) -> set[str]:
-        """The sinks that hold `window_id`."""
-        held = {name for name, s in self.delta.items() if s.committed_through() >= window_id}
-        for name in self.postgres:
-            if window_id in self.ledger.markers(name, [window_id]):
-                held.add(name)
-        return held
 
     def process_window(self, window: Window, epoch: int, run_id: str) -> WindowResult:
         """Commit `window` to every sink that does not hold it yet."""
@@ -261,7 +262,7 @@ class Engine:
         result = WindowResult(window.window_id, window.offsets, window.stats or {})
         for name in held:
             result.sinks[name] = SinkOutcome(name, committed=False, already_committed=True)
-        todo = [s for s in self.job.sinks if s.name not in held]
+        todo = [name for name in self.sink_names if name not in held]
         if not todo:
             self.ledger.mark_completed(window.window_id)
             result.latency_s = time.monotonic() - started
@@ -272,68 +273,109 @@ class Engine:
         result.stats = stats
         self.ledger.record_stats(window.window_id, stats)
         faults.point("before_sinks", window.window_id)
-        for sink in [s for s in todo if isinstance(s, DeltaSink)]:
-            result.sinks[sink.name] = self._commit(
-                sink, outputs[sink.output], window, epoch, run_id
-            )
-        faults.point("after_delta", window.window_id)
-        stage = WindowStage(self.settings.lake, self.job.name, window.window_id)
-        for sink in self.job.sinks:
-            if isinstance(sink, PostgresSink) and sink.mode == "accumulate":
-                self.contributions(sink.name).save(window.window_id, stage.root / sink.output)
-        for sink in [s for s in todo if isinstance(s, PostgresSink)]:
-            result.sinks[sink.name] = self._commit(
-                sink, outputs[sink.output], window, epoch, run_id
-            )
+        for group in self.groups:
+            names = [n for n in group.names if n in todo]
+            if names:
+                result.sinks.update(
+                    group.commit(
+                        window, outputs, names, epoch=epoch, run_id=run_id,
+                        exactly_once=self.exactly_once,
+                    )
+                )  # fmt: skip
+            faults.point(f"after_{group.kind}", window.window_id)
         faults.point("after_commits", window.window_id)
         if self.exactly_once:
             self.ledger.check_epoch(epoch)
         self.ledger.mark_completed(window.window_id)
-        stage.discard()
+        WindowStage(self.settings.lake, self.job.name, window.window_id, window.offsets).discard()
         result.latency_s = time.monotonic() - started
         return result
 
-    def _commit(
-        self, sink: DeltaSink | PostgresSink, df: DataFrame, window: Window, epoch: int, run_id: str
-    ) -> SinkOutcome:
-        started = time.monotonic()
-        target = self.delta[sink.name] if isinstance(sink, DeltaSink) else self.postgres[sink.name]
-        commit = target.commit_window(
-            df, window_id=window.window_id, epoch=epoch, run_id=run_id, offsets=window.offsets,
-            exactly_once=self.exactly_once,
-        )  # fmt: skip
-        return SinkOutcome(
-            sink.name,
-            committed=not commit.already_committed,
-            already_committed=commit.already_committed,
-            rows=commit.rows,
-            delta_version=getattr(commit, "version", None),
-            xid=getattr(commit, "xid", None),
-            latency_s=time.monotonic() - started,
-        )
+    def backfill(self, window_ids: Sequence[int], run_id: str) -> BackfillResult:
+        """Bring chosen past windows into every sink: pending ones are replayed; a window every
+        sink holds is left alone and said to be; a completed window a sink lacks is damage
+        from outside onceflow, which only reconcile repairs.
 
-    def contributions(self, sink: str) -> Contributions:
-        """Where an accumulating sink's per-window contributions are kept."""
-        return Contributions(self.settings.lake, self.job.name, sink)
+        Raises:
+            ConfigurationError: A window was never planned.
+        """
+        self.prepare()
+        last = self.ledger.last_window_id()
+        unplanned = [wid for wid in window_ids if wid > last]
+        if unplanned:
+            from onceflow.windows import format_windows
+
+            raise ConfigurationError(
+                f"windows {format_windows(unplanned)} were never planned (the last planned window "
+                f"is {last}); windows are planned by a run for new data."
+            )
+        report = BackfillResult()
+        state = self.held(window_ids)
+        every = set(self.sink_names)
+        replay = False
+        for wid in window_ids:
+            if state[wid] >= every:
+                report.noop_windows.append(wid)
+                continue
+            window = self.ledger.window(wid)
+            if window is not None and window.completed:
+                report.notes.append(
+                    f"window {wid} is marked completed but {sorted(every - state[wid])} do not "
+                    "hold it: damage from outside onceflow; run reconcile (the recovery job)."
+                )
+            else:
+                replay = True
+        if replay:
+            report.windows = self.run(run_id=run_id, max_windows=0).windows
+        return report
 
     # -- computing ----------------------------------------------------------------------------
+
+    def seen_keys(self, window_id: int) -> DataFrame | None:
+        """Dedupe keys that windows before `window_id` kept (None without dedupe)."""
+        dedupe = self.job.dedupe
+        if dedupe is None:
+            return None
+        group = self.group_of[dedupe.state_sink]
+        through = group.committed_through()[dedupe.state_sink]
+        if self.exactly_once and through < window_id - 1:
+            raise LedgerError(
+                f"job {self.job.name}: dedupe state {dedupe.state_sink} holds windows up to "
+                f"{through}, but window {window_id} needs every window before it (was the lake "
+                "lost or replaced?). Run `onceflow reconcile " + self.job.name + "`."
+            )
+        return group.seen_keys(self.spark, dedupe.state_sink, list(dedupe.key), before=window_id)
 
     def outputs(
         self, window: Window, *, use_stage: bool = True, stage_tag: str = ""
     ) -> tuple[dict[str, DataFrame], dict[str, Any]]:
         """The window's outputs, staged once so every sink and every retry sees the same rows."""
-        stage = WindowStage(self.settings.lake, self.job.name, window.window_id, stage_tag)
-        names = {s.output for s in self.job.sinks}
+        stage = WindowStage(
+            self.settings.lake, self.job.name, window.window_id, window.offsets, stage_tag
+        )
+        names = sorted({s.output for s in self.job.sinks})
         stats = stage.complete() if use_stage else None
         if stats is not None:
             return {name: stage.read(self.spark, name) for name in names}, stats
-        outputs = self.compute(window, stage_tag=stage_tag)
-        staged = {name: stage.write(name, outputs[name]) for name in names}
+        computed = compute(
+            self.spark,
+            self.job,
+            self.settings,
+            [window],
+            stage.root,
+            seen=self.seen_keys(window.window_id),
+        )
+        staged = {
+            name: stage.write(name, computed.outputs[name].drop(WINDOW_COL)) for name in names
+        }
         counts = {name: stage.rows(name) for name in names}
+        quarantine = (
+            self.job.sink(self.job.quarantine_sink).output if self.job.quarantine_sink else None
+        )
         stats = {
-            "rows_in": stage.rows("_parsed"),
-            "quarantined": counts.get("quarantine", 0),
-            "kept": stage.rows("_kept"),
+            "rows_in": stage.rows(PARSED),
+            "quarantined": counts.get(quarantine, 0) if quarantine else 0,
+            "kept": stage.rows(KEPT),
             "outputs": counts,
         }
         stats["valid"] = stats["rows_in"] - stats["quarantined"]
@@ -341,73 +383,14 @@ class Engine:
         stage.finish(stats)
         return staged, stats
 
-    def compute(self, window: Window, *, stage_tag: str = "") -> Mapping[str, DataFrame]:
-        """Run the source, parse, dedupe and transform for `window` (lazy, except staging)."""
-        from pyspark.sql import Window as W
-        from pyspark.sql import functions as F
-
-        job = self.job
-        stage = WindowStage(self.settings.lake, job.name, window.window_id, stage_tag)
-        raw = job.source.read(self.spark, self.settings.landing, window.offsets)
-        parsed = stage.write("_parsed", job.parse(raw))
-        valid = parsed.where(F.col("_reason").isNull())
-        invalid = parsed.where(F.col("_reason").isNotNull())
-        if job.dedupe is not None:
-            keys = list(job.dedupe.key)
-            first = W.partitionBy(*keys).orderBy("_file_idx", "_source_line")
-            valid = (
-                valid.withColumn("_occurrence", F.row_number().over(first))
-                .where(F.col("_occurrence") == 1)
-                .drop("_occurrence")
-            )
-            seen = self._seen_keys(window.window_id, keys)
-            if seen is not None:
-                valid = valid.join(seen, on=keys, how="left_anti")
-        kept = stage.write("_kept", valid)
-        outputs = dict(job.transform(kept, WindowContext(job.name, window.window_id)))
-        if job.quarantine_sink is not None:
-            outputs[job.sink(job.quarantine_sink).output] = invalid.select(
-                F.lit(job.name).alias("job"),
-                F.lit(window.window_id).cast("bigint").alias("window_id"),
-                F.col("_source_file").alias("source_file"),
-                F.col("_source_line").alias("source_line"),
-                F.col("_raw_text").alias("raw_line"),
-                F.col("_reason").alias("reason"),
-            )
-        return outputs
-
-    def _seen_keys(self, window_id: int, keys: list[str]) -> DataFrame | None:
-        from pyspark.sql import functions as F
-
-        assert self.job.dedupe is not None
-        state = self.delta[self.job.dedupe.state_sink]
-        if not state.exists():
-            return None
-        if self.exactly_once and state.committed_through() < window_id - 1:
-            raise LedgerError(
-                f"job {self.job.name}: dedupe state {state.sink} holds windows up to "
-                f"{state.committed_through()}, but window {window_id} needs all before it. "
-                "Run reconcile."
-            )
-        return (
-            read_delta(self.spark, state.path)
-            .where(F.col("_window_id") < window_id)
-            .select(*keys)
-            .distinct()
-        )
-
 
 def build_engine(
     job: Job,
     settings: Settings,
-    spark: SparkSession,
+    spark: SparkSession | None,
     dsn: str,
     guarantee: Guarantee | str | None = None,
 ) -> Engine:
     """Make an engine after checking the settings' folders."""
     settings.check_folders()
     return Engine(job, settings, spark, dsn, guarantee=guarantee)
-
-
-def lake_path(settings: Settings, sink: DeltaSink) -> Path:
-    return settings.lake / sink.table

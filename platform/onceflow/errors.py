@@ -54,3 +54,7 @@ class LedgerError(OnceflowError):
 
 class UnverifiableWindowError(OnceflowError):
     """A window's input is gone, so its expected output cannot be recomputed."""
+
+
+class UnsupportedTableError(OnceflowError):
+    """A Delta table uses a feature onceflow does not read (deletion vectors, column mapping)."""

@@ -11,14 +11,18 @@ import os
 import signal
 import sys
 
+from onceflow.errors import ConfigurationError
+
 POINTS = (
     "plan",  # inside the ledger transaction that plans a window, before its COMMIT
     "before_sinks",  # window planned and its output staged, before any sink write
-    "after_delta",  # after the Delta commit, before the PostgreSQL sinks
-    "before_pg_commit",  # PostgreSQL sink transaction ready, COMMIT not yet sent
+    "after_delta",  # after the Delta sinks committed, before the next kind of sink
+    "after_postgres",  # after the PostgreSQL sinks committed, before the next kind of sink
+    "before_pg_commit",  # PostgreSQL transaction ready, COMMIT not yet sent
     "pg_commit_sent",  # COMMIT sent to PostgreSQL, its answer not read
     "after_commits",  # every sink committed, ledger not yet told
 )
+ACTIONS = ("kill", "stop")
 
 
 def _parse(spec: str) -> tuple[str, int | None, str]:
@@ -29,17 +33,28 @@ def _parse(spec: str) -> tuple[str, int | None, str]:
     if "@" in spec:
         spec, at = spec.split("@", 1)
         window = int(at)
+    if spec not in POINTS or action not in ACTIONS:
+        raise ConfigurationError(
+            f"ONCEFLOW_FAULT={os.environ.get('ONCEFLOW_FAULT')!r}: use point[@window][:action] "
+            f"with a point of {list(POINTS)} and an action of {list(ACTIONS)}."
+        )
     return spec, window, action
+
+
+def armed(name: str, window_id: int | None = None) -> bool:
+    """True when the fault `name` is configured for this window."""
+    spec = os.environ.get("ONCEFLOW_FAULT")
+    if not spec:
+        return False
+    want, window, _ = _parse(spec)
+    return want == name and (window is None or window == window_id)
 
 
 def point(name: str, window_id: int | None = None) -> None:
     """Fire the configured fault if this is its point (and window)."""
-    spec = os.environ.get("ONCEFLOW_FAULT")
-    if not spec:
+    if not armed(name, window_id):
         return
-    want, window, action = _parse(spec)
-    if want != name or (window is not None and window != window_id):
-        return
+    _, _, action = _parse(os.environ["ONCEFLOW_FAULT"])
     sys.stderr.write(f"onceflow: fault injected at {name} (window {window_id}): {action}\n")
     sys.stderr.flush()
     if action == "stop":

@@ -1,15 +1,16 @@
-"""Job definitions: a source, a parse step, a transform, sinks, a guarantee."""
+"""Job definitions: a source, an optional parse step, a transform, sinks and a guarantee."""
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from onceflow._identifiers import check_identifier
 from onceflow.errors import ConfigurationError
-from onceflow.sources.landing import LandingSource
+from onceflow.sinks.base import SinkSpec
+from onceflow.sources.base import Source
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -35,82 +36,15 @@ class WindowContext:
 class Dedupe:
     """Keep the first occurrence of each key in source order, across all windows.
 
-    Keys seen in earlier windows are read from `state_sink` (a Delta sink holding every kept
-    row with `_window_id`), restricted to windows before the current one, so a window replayed
-    after a partial commit is deduplicated exactly as the first time.
+    Keys seen in earlier windows are read from `state_sink` (a sink whose kind can hold dedupe
+    state, such as a Delta sink keeping every kept row with its window id), restricted to
+    windows before the current one, so a window replayed after a partial commit is deduplicated
+    exactly as the first time.
     """
 
     key: tuple[str, ...]
     state_sink: str
 
-
-@dataclass(frozen=True)
-class DeltaSink:
-    """A Delta table at `<lake>/<table>`, appended once per window."""
-
-    name: str
-    output: str
-    table: str
-
-    kind = "delta"
-
-
-# PostgreSQL column types a sink may declare; each maps to fixed SQL text.
-PG_TYPES = frozenset(
-    {"text", "bigint", "integer", "double precision", "numeric", "timestamptz", "boolean", "date"}
-)
-
-
-@dataclass(frozen=True)
-class PostgresSink:
-    """A PostgreSQL table written in one transaction per window with a commit marker.
-
-    Modes: `append` (insert), `upsert` (insert or replace by `key`), `accumulate` (add the
-    `accumulate` columns into the existing row with the same key).
-    """
-
-    name: str
-    output: str
-    table: str
-    columns: Mapping[str, str]
-    key: tuple[str, ...] = ()
-    mode: str = "append"
-    schema: str = "public"
-    accumulate: tuple[str, ...] = ()
-    window_column: str | None = None  # lets a restatement find a window's rows
-
-    kind = "postgres"
-
-    def __post_init__(self) -> None:
-        check_identifier(self.schema, f"sink {self.name}: schema")
-        check_identifier(self.table, f"sink {self.name}: table")
-        for column, pg_type in self.columns.items():
-            check_identifier(column, f"sink {self.name}: column")
-            if pg_type not in PG_TYPES:
-                raise ConfigurationError(
-                    f"sink {self.name}: column {column} has type {pg_type!r}; use one of "
-                    f"{sorted(PG_TYPES)}."
-                )
-        if self.mode not in ("append", "upsert", "accumulate"):
-            raise ConfigurationError(
-                f"sink {self.name}: mode {self.mode!r} is unknown; use append, upsert or accumulate."
-            )
-        if self.mode in ("upsert", "accumulate") and not self.key:
-            raise ConfigurationError(f"sink {self.name}: mode {self.mode} needs a key.")
-        missing = [c for c in (*self.key, *self.accumulate) if c not in self.columns]
-        if missing:
-            raise ConfigurationError(
-                f"sink {self.name}: key/accumulate columns {missing} not in columns."
-            )
-        if self.window_column is not None and self.window_column not in self.columns:
-            raise ConfigurationError(
-                f"sink {self.name}: window column {self.window_column} not in columns."
-            )
-        if self.mode == "accumulate" and not self.accumulate:
-            raise ConfigurationError(f"sink {self.name}: mode accumulate needs accumulate columns.")
-
-
-Sink = DeltaSink | PostgresSink
 
 ParseFn = Callable[["DataFrame"], "DataFrame"]
 TransformFn = Callable[["DataFrame", WindowContext], Mapping[str, "DataFrame"]]
@@ -124,47 +58,77 @@ class Job:
 
     Attributes:
         name: The job's name (an identifier; it keys the ledger, markers and app ids).
-        source: Where the input comes from.
-        parse: Raw lines → typed rows plus a `_reason` column, null for valid rows. Rows whose
-            `_reason` is set go to the quarantine with their raw text.
-        transform: Valid (deduplicated) rows → named outputs; pure, no side effects.
+        source: Where the input comes from (`onceflow.sources`).
+        transform: Valid (deduplicated) records → named outputs; pure, no side effects. It
+            may be called again for the same window (a replay, a reconcile) and must then give
+            the same rows; the engine stages each window's outputs once so every sink and every
+            retry sees the same rows even when it does not.
         sinks: Where each output goes; every sink commits each window exactly once.
+        parse: Raw records → typed columns plus `_reason` (null for valid records) and
+            `_raw_text`. Needed for raw sources (JSON lines); typed sources validate records
+            themselves and need none.
         dedupe: Optional first-occurrence deduplication across windows.
-        quarantine_sink: Name of the sink for the `quarantine` output.
+        quarantine_sink: Name of the sink receiving invalid records (`quarantine` output).
         guarantee: The delivery guarantee.
-        deterministic: False when the transform is not a pure function of its input; the
-            window's outputs are then always served from the staged copy.
+        description: Shown in the UI.
+        metadata: Extra rules for the quality suites (`regex`, `sums`); see docs/jobs.md.
     """
 
     name: str
-    source: LandingSource
-    parse: ParseFn
+    source: Source
     transform: TransformFn
-    sinks: tuple[Sink, ...]
+    sinks: tuple[SinkSpec, ...]
+    parse: ParseFn | None = None
     dedupe: Dedupe | None = None
     quarantine_sink: str | None = None
     guarantee: Guarantee = Guarantee.EXACTLY_ONCE
-    deterministic: bool = True
     description: str = ""
     metadata: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_identifier(self.name, "job name")
+        if not isinstance(self.source, Source):
+            raise ConfigurationError(
+                f"job {self.name}: source must be an onceflow Source (LandingSource, CsvSource, "
+                f"ParquetSource, DeltaTableSource, …), got {type(self.source).__name__}."
+            )
+        object.__setattr__(self, "sinks", tuple(self.sinks))
+        object.__setattr__(self, "guarantee", Guarantee(self.guarantee))
+        if not self.sinks:
+            raise ConfigurationError(f"job {self.name}: give it at least one sink.")
+        for sink in self.sinks:
+            if not isinstance(sink, SinkSpec):
+                raise ConfigurationError(
+                    f"job {self.name}: sinks must be DeltaSink or PostgresSink specs, got "
+                    f"{type(sink).__name__}."
+                )
         names = [s.name for s in self.sinks]
         if len(set(names)) != len(names):
             raise ConfigurationError(f"job {self.name}: sink names must be unique, got {names}.")
-        for sink in self.sinks:
-            check_identifier(sink.name, f"job {self.name}: sink name")
+        if self.parse is None and not self.source.typed:
+            raise ConfigurationError(
+                f"job {self.name}: its source ({self.source.describe()}) gives raw records; "
+                "give the job a `parse` function that turns them into typed columns with "
+                "`_reason` and `_raw_text`."
+            )
         if self.dedupe is not None:
             state = self.sink(self.dedupe.state_sink)
-            if not isinstance(state, DeltaSink):
+            if not state.holds_dedupe_state:
                 raise ConfigurationError(
-                    f"job {self.name}: dedupe state sink {self.dedupe.state_sink} must be a Delta sink."
+                    f"job {self.name}: dedupe state sink {state.name} is a {state.kind} sink, "
+                    "which cannot hold dedupe state; use a Delta sink."
                 )
+            if not self.dedupe.key:
+                raise ConfigurationError(f"job {self.name}: dedupe needs at least one key column.")
         if self.quarantine_sink is not None:
             self.sink(self.quarantine_sink)
 
-    def sink(self, name: str) -> Sink:
+    def sink(self, name: str) -> SinkSpec:
+        """The sink named `name`.
+
+        Raises:
+            ConfigurationError: The job has no such sink.
+        """
         for sink in self.sinks:
             if sink.name == name:
                 return sink
@@ -173,6 +137,5 @@ class Job:
         )
 
     def with_guarantee(self, guarantee: Guarantee | str) -> Job:
-        from dataclasses import replace
-
+        """This job with another guarantee (to compare what exactly-once costs)."""
         return replace(self, guarantee=Guarantee(guarantee))

@@ -16,9 +16,9 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
-from psycopg.rows import tuple_row
 
 from onceflow import faults
+from onceflow._identifiers import session_name
 from onceflow.errors import FencedError, LedgerError
 from onceflow.postgres import connect
 
@@ -49,33 +49,11 @@ CREATE TABLE IF NOT EXISTS onceflow.windows (
     completed_at timestamptz,
     PRIMARY KEY (job, window_id)
 );
-CREATE TABLE IF NOT EXISTS onceflow.source_files (
+CREATE TABLE IF NOT EXISTS onceflow.source_units (
     job text NOT NULL,
-    path text NOT NULL,
+    unit text NOT NULL,
     window_id bigint NOT NULL,
-    PRIMARY KEY (job, path)
-);
-CREATE TABLE IF NOT EXISTS onceflow.sink_commits (
-    job text NOT NULL,
-    sink text NOT NULL,
-    window_id bigint NOT NULL,
-    epoch bigint NOT NULL,
-    xid xid8 NOT NULL,
-    run_id text,
-    offsets jsonb NOT NULL,
-    rows_written bigint NOT NULL,
-    committed_at timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (job, sink, window_id)
-);
-CREATE TABLE IF NOT EXISTS onceflow.quarantine (
-    job text NOT NULL,
-    window_id bigint NOT NULL,
-    source_file text NOT NULL,
-    source_line bigint NOT NULL,
-    raw_line text NOT NULL,
-    reason text NOT NULL,
-    quarantined_at timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (job, source_file, source_line)
+    PRIMARY KEY (job, unit)
 );
 CREATE TABLE IF NOT EXISTS onceflow.restatements (
     job text NOT NULL,
@@ -87,15 +65,6 @@ CREATE TABLE IF NOT EXISTS onceflow.restatements (
     completed_at timestamptz,
     PRIMARY KEY (job, seq),
     UNIQUE (job, request_id)
-);
-CREATE TABLE IF NOT EXISTS onceflow.restate_commits (
-    job text NOT NULL,
-    sink text NOT NULL,
-    seq bigint NOT NULL,
-    xid xid8 NOT NULL,
-    rows_written bigint NOT NULL,
-    committed_at timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (job, sink, seq)
 );
 CREATE TABLE IF NOT EXISTS onceflow.reconciliations (
     job text NOT NULL,
@@ -119,11 +88,6 @@ class Window:
     completed: bool = field(default=False, compare=False)
 
 
-def application_name(job: str, epoch: int | None) -> str:
-    """The session name that lets a newer run find (and end) an older run's sessions."""
-    return f"onceflow/{job}/e{epoch}" if epoch is not None else f"onceflow/{job}/new"
-
-
 class Ledger:
     """Epochs and the window plan of one job."""
 
@@ -132,7 +96,7 @@ class Ledger:
         self.job = job
 
     def connect(self, epoch: int | None = None) -> psycopg.Connection:
-        conn = connect(self._dsn, application_name=application_name(self.job, epoch))
+        conn = connect(self._dsn, application_name=session_name(self.job, epoch))
         conn.execute(
             sql.SQL("SET idle_in_transaction_session_timeout = {}").format(
                 sql.Literal(IDLE_IN_TRANSACTION_TIMEOUT)
@@ -196,7 +160,7 @@ class Ledger:
              WHERE application_name LIKE %s AND application_name <> %s
                AND pid <> pg_backend_pid()
             """,
-            (f"onceflow/{self.job}/e%", application_name(self.job, None)),
+            (f"onceflow/{self.job}/e%", session_name(self.job, None)),
         ).fetchall()
         conn.commit()
         return sum(1 for (ok,) in rows if ok)
@@ -263,21 +227,31 @@ class Ledger:
             ).fetchone()
         return int(row[0]) if row else 0
 
-    def unplanned(self, paths: Sequence[str]) -> list[str]:
-        """The paths (in the given order) that no window has taken yet."""
-        if not paths:
+    def unplanned(self, units: Sequence[str]) -> list[str]:
+        """The source units (in the given order) that no window has taken yet."""
+        if not units:
             return []
         with self.connect() as conn:
             rows = conn.execute(
                 "SELECT p FROM unnest(%s::text[]) WITH ORDINALITY AS u(p, i)"
-                " WHERE NOT EXISTS (SELECT 1 FROM onceflow.source_files f"
-                "                   WHERE f.job = %s AND f.path = u.p) ORDER BY i",
-                (list(paths), self.job),
+                " WHERE NOT EXISTS (SELECT 1 FROM onceflow.source_units f"
+                "                   WHERE f.job = %s AND f.unit = u.p) ORDER BY i",
+                (list(units), self.job),
             ).fetchall()
         return [p for (p,) in rows]
 
-    def plan_window(self, epoch: int, offsets: dict[str, Any], files: Iterable[str]) -> Window:
-        """Write a new window ahead of processing it (fenced; the files are taken for good)."""
+    def last_offsets(self) -> dict[str, Any] | None:
+        """The offsets of the newest planned window (None before the first)."""
+        with self.connect() as conn:
+            row = conn.execute(
+                "SELECT offsets FROM onceflow.windows WHERE job = %s"
+                " ORDER BY window_id DESC LIMIT 1",
+                (self.job,),
+            ).fetchone()
+        return None if row is None else dict(row[0])
+
+    def plan_window(self, epoch: int, offsets: dict[str, Any], units: Iterable[str]) -> Window:
+        """Write a new window ahead of processing it (fenced; its units are taken for good)."""
         with self.connect(epoch) as conn:
             self.fence(conn, epoch)
             row = conn.execute(
@@ -293,14 +267,14 @@ class Ledger:
             )
             with conn.cursor() as cur:
                 cur.executemany(
-                    "INSERT INTO onceflow.source_files (job, path, window_id) VALUES (%s, %s, %s)",
-                    [(self.job, path, window_id) for path in files],
+                    "INSERT INTO onceflow.source_units (job, unit, window_id) VALUES (%s, %s, %s)",
+                    [(self.job, unit, window_id) for unit in units],
                 )
             faults.point("plan", window_id)
             conn.commit()
         return Window(self.job, window_id, offsets, epoch)
 
-    def restore_window(self, window: Window, files: Iterable[str]) -> None:
+    def restore_window(self, window: Window, units: Iterable[str]) -> None:
         """Put back a window rebuilt from the sinks' commit records (ledger loss)."""
         with self.connect() as conn:
             conn.execute(
@@ -308,26 +282,32 @@ class Ledger:
                 " (%s, %s, %s, %s) ON CONFLICT DO NOTHING",
                 (self.job, window.window_id, json.dumps(window.offsets), window.epoch),
             )
-            with conn.cursor() as cur:
-                cur.executemany(
-                    "INSERT INTO onceflow.source_files (job, path, window_id) VALUES (%s, %s, %s)"
-                    " ON CONFLICT DO NOTHING",
-                    [(self.job, path, window.window_id) for path in files],
-                )
+            self._index_units(conn, [(u, window.window_id) for u in units])
             conn.commit()
 
-    def restore_source_files(self) -> int:
-        """Re-create the file index from the windows' offsets; return the rows put back."""
+    def restore_units(self, units: Iterable[tuple[str, int]]) -> None:
+        """Re-create the unit index (unit, window id) from the windows' offsets."""
         with self.connect() as conn:
-            cur = conn.execute(
-                "INSERT INTO onceflow.source_files (job, path, window_id)"
-                " SELECT w.job, f.path, w.window_id FROM onceflow.windows w,"
-                " jsonb_array_elements_text(w.offsets -> 'files') AS f(path)"
-                " WHERE w.job = %s ON CONFLICT DO NOTHING",
-                (self.job,),
-            )
+            self._index_units(conn, list(units))
             conn.commit()
-            return cur.rowcount
+
+    def _index_units(self, conn: psycopg.Connection, units: list[tuple[str, int]]) -> None:
+        if not units:
+            return
+        conn.execute(
+            "INSERT INTO onceflow.source_units (job, unit, window_id)"
+            " SELECT %s, u, w FROM unnest(%s::text[], %s::bigint[]) AS x(u, w)"
+            " ON CONFLICT DO NOTHING",
+            (self.job, [u for u, _ in units], [w for _, w in units]),
+        )
+
+    def indexed_windows(self) -> set[int]:
+        """Windows that have at least one unit in the index."""
+        with self.connect() as conn:
+            rows = conn.execute(
+                "SELECT DISTINCT window_id FROM onceflow.source_units WHERE job = %s", (self.job,)
+            ).fetchall()
+        return {int(w) for (w,) in rows}
 
     def record_stats(self, window_id: int, stats: dict[str, Any]) -> None:
         with self.connect() as conn:
@@ -365,6 +345,25 @@ class Ledger:
         assert row is not None
         return int(row[0])
 
+    def restatement_completed(self, seq: int) -> bool:
+        with self.connect() as conn:
+            row = conn.execute(
+                "SELECT completed_at IS NOT NULL FROM onceflow.restatements"
+                " WHERE job = %s AND seq = %s",
+                (self.job, seq),
+            ).fetchone()
+        return bool(row and row[0])
+
+    def pending_restatements(self) -> list[tuple[int, int, str]]:
+        """Restatements planned but not finished: (seq, window id, request id)."""
+        with self.connect() as conn:
+            rows = conn.execute(
+                "SELECT seq, window_id, request_id FROM onceflow.restatements"
+                " WHERE job = %s AND completed_at IS NULL ORDER BY seq",
+                (self.job,),
+            ).fetchall()
+        return [(int(s), int(w), str(r)) for s, w, r in rows]
+
     def complete_restatement(self, seq: int) -> None:
         with self.connect() as conn:
             conn.execute(
@@ -372,26 +371,3 @@ class Ledger:
                 (self.job, seq),
             )
             conn.commit()
-
-    def markers(
-        self, sink: str, window_ids: Sequence[int] | None = None
-    ) -> dict[int, dict[str, Any]]:
-        """The PostgreSQL sink commit markers of `sink`, by window id."""
-        with self.connect() as conn, conn.cursor(row_factory=tuple_row) as cur:
-            if window_ids is None:
-                cur.execute(
-                    "SELECT window_id, epoch, xid::text, run_id, offsets, rows_written"
-                    " FROM onceflow.sink_commits WHERE job = %s AND sink = %s",
-                    (self.job, sink),
-                )
-            else:
-                cur.execute(
-                    "SELECT window_id, epoch, xid::text, run_id, offsets, rows_written"
-                    " FROM onceflow.sink_commits WHERE job = %s AND sink = %s"
-                    " AND window_id = ANY(%s)",
-                    (self.job, sink, list(window_ids)),
-                )
-            return {
-                int(w): {"epoch": e, "xid": x, "run_id": r, "offsets": o, "rows_written": n}
-                for w, e, x, r, o, n in cur.fetchall()
-            }

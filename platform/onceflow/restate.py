@@ -1,89 +1,91 @@
-"""Restatement: replace exactly one window's effect in every sink, one commit per sink.
+"""Restatement: replace chosen windows' effect in every sink with the job's current transform.
 
-A restatement is planned in the ledger first (so a retry of the same request applies it once),
-then each sink replaces the window: the Delta table in one commit that removes the window's
-rows and adds the new ones; a keyed PostgreSQL table in one transaction that deletes the
-window's rows and inserts the new ones; an accumulating table in one transaction that adds the
-new contribution minus the old one.
+Each window of a request is planned in the ledger first under its own request id
+(`<request>/w<window>`), so a retry of the request (even with a new run id) gets the same
+sequence numbers and applies each window once. Every check runs before the first sink changes.
+Then each sink group replaces the window: a Delta table in one commit that removes the window's
+rows and adds the new ones; the PostgreSQL sinks in one transaction (keyed tables lose the
+window's rows and get the new ones; accumulating tables get the new contribution minus the
+recorded old one).
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from onceflow._staging import WindowStage
-from onceflow.engine import SinkOutcome, WindowResult
-from onceflow.errors import SinkError
-from onceflow.job import DeltaSink, PostgresSink
+from onceflow.engine import WindowResult
+from onceflow.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from onceflow.engine import Engine
+    from onceflow.ledger import Window
 
 
-def restate_window(
-    engine: Engine, window_id: int, *, run_id: str | None = None, request_id: str | None = None
-) -> WindowResult:
-    """Recompute `window_id` with the job's current transform and replace its effect.
+def restate_windows(
+    engine: Engine,
+    window_ids: Sequence[int],
+    *,
+    request_id: str | None = None,
+    run_id: str | None = None,
+) -> list[WindowResult]:
+    """Recompute `window_ids` with the job's current transform and replace their effect.
 
     Args:
         engine: The job's engine.
-        window_id: A window committed in every sink.
+        window_ids: Windows committed in every sink.
+        request_id: Identifies the request; retries of one request restate each window once.
+            Defaults to a new id (a new request).
         run_id: This run's id, recorded with the commits.
-        request_id: Identifies the request; retries of one request restate once. Defaults to
-            `run_id`.
+
+    Raises:
+        ConfigurationError: A window was never planned.
+        SinkError: A sink cannot restate a window (checked before anything changes).
     """
-    started = time.monotonic()
-    engine.prepare()
     run_id = run_id or uuid.uuid4().hex
+    request_id = request_id or run_id
+    epoch = engine.start(run_id)
     ledger = engine.ledger
-    epoch = ledger.acquire_epoch(run_id, floor=engine.sink_epoch_floor())
-    for delta in engine.delta.values():
-        if delta.exists():
-            delta.claim_epoch(epoch)
-    window = ledger.window(window_id)
-    if window is None:
-        raise SinkError(f"job {engine.job.name}: there is no window {window_id} to restate.")
-    missing = {s.name for s in engine.job.sinks} - engine.committed_sinks(window_id)
-    if missing:
-        raise SinkError(
-            f"job {engine.job.name}: window {window_id} is not committed in {sorted(missing)}; "
-            "run the job (or its recovery) before restating it."
+    windows: list[Window] = []
+    for wid in sorted(set(window_ids)):
+        window = ledger.window(wid)
+        if window is None:
+            raise ConfigurationError(
+                f"job {engine.job.name}: window {wid} was never planned; nothing was restated."
+            )
+        windows.append(window)
+    pending = [
+        (
+            window,
+            ledger.plan_restatement(epoch, window.window_id, f"{request_id}/w{window.window_id}"),
         )
-    seq = ledger.plan_restatement(epoch, window_id, request_id or run_id)
-    tag = f"-r{seq}"
-    outputs, stats = engine.outputs(window, stage_tag=tag)
-    result = WindowResult(window_id, window.offsets, stats)
-    for sink in engine.job.sinks:
+        for window in windows
+    ]
+    todo = [(w, seq) for w, seq in pending if not ledger.restatement_completed(seq)]
+    for window, _ in todo:
+        for group in engine.groups:
+            group.check_restate(window)
+    results = [
+        WindowResult(w.window_id, w.offsets, w.stats or {})
+        for w, seq in pending
+        if (w, seq) not in todo
+    ]
+    for window, seq in todo:
         t0 = time.monotonic()
-        if isinstance(sink, DeltaSink):
-            commit = engine.delta[sink.name].replace_window(
-                outputs[sink.output], window_id=window_id, epoch=epoch, run_id=run_id,
-                restate_seq=seq,
-            )  # fmt: skip
-            result.sinks[sink.name] = SinkOutcome(
-                sink.name, not commit.already_committed, commit.already_committed, commit.rows,
-                delta_version=commit.version, latency_s=time.monotonic() - t0,
-            )  # fmt: skip
-            continue
-        assert isinstance(sink, PostgresSink)
-        contributions = engine.contributions(sink.name)
-        old = None
-        if sink.mode == "accumulate" and contributions.exists(window_id):
-            old = contributions.read(engine.spark, window_id)
-        pg = engine.postgres[sink.name].restate_window(
-            outputs[sink.output], old, window_id=window_id, epoch=epoch, run_id=run_id, seq=seq
-        )
-        if sink.mode == "accumulate":
-            stage = WindowStage(engine.settings.lake, engine.job.name, window_id, tag)
-            contributions.save(window_id, stage.root / sink.output, replace=True)
-        result.sinks[sink.name] = SinkOutcome(
-            sink.name, not pg.already_committed, pg.already_committed, pg.rows, xid=pg.xid,
-            latency_s=time.monotonic() - t0,
-        )  # fmt: skip
-    ledger.record_stats(window_id, stats)
-    ledger.complete_restatement(seq)
-    WindowStage(engine.settings.lake, engine.job.name, window_id, tag).discard()
-    result.latency_s = time.monotonic() - started
-    return result
+        tag = f"-r{seq}"
+        outputs, stats = engine.outputs(window, stage_tag=tag)
+        result = WindowResult(window.window_id, window.offsets, stats)
+        for group in engine.groups:
+            result.sinks.update(group.restate(window, outputs, epoch=epoch, run_id=run_id, seq=seq))
+        ledger.record_stats(window.window_id, stats)
+        ledger.complete_restatement(seq)
+        WindowStage(
+            engine.settings.lake, engine.job.name, window.window_id, window.offsets, tag
+        ).discard()
+        result.latency_s = time.monotonic() - t0
+        results.append(result)
+    results.sort(key=lambda r: r.window_id)
+    return results

@@ -16,7 +16,7 @@ from onceflow.generate import generate_payments
 from onceflow.jobs.payments import PAYMENTS
 from onceflow.settings import Settings
 from onceflow.sinks.delta import DeltaTableSink
-from onceflow.sinks.postgres import PostgresTableSink
+from onceflow.sinks.postgres.commit import Transaction
 from tests.support.oracle import expected_outputs
 from tests.support.outputs import actual_outputs, assert_exact
 from tests.support.pgproxy import PgProxy
@@ -83,7 +83,7 @@ def test_end_to_end_equals_oracle_and_rerun_changes_nothing(
             invalid_rate=0.08,
             seed=seed,
         )
-        result = engine.run(max_files_per_window=per_window)
+        result = engine.run(max_units_per_window=per_window)
         window_ids += [w.window_id for w in result.windows]
         assert len(result.windows) == -(-files // per_window)
         expected = expected_outputs(landing)
@@ -98,7 +98,7 @@ def test_end_to_end_equals_oracle_and_rerun_changes_nothing(
     assert {s: set(w) for s, w in markers(pg_dsn).items()} == {s: set(window_ids) for s in PG_SINKS}
 
     before = snapshot(pg_dsn, lake)
-    again = engine.run(max_files_per_window=1)
+    again = engine.run(max_units_per_window=1)
     assert again.windows == []
     # Same rows and same data files; the Delta log only gains the new run's epoch claim.
     assert snapshot(pg_dsn, lake) == before
@@ -106,9 +106,10 @@ def test_end_to_end_equals_oracle_and_rerun_changes_nothing(
 
 
 def test_proxy_swallows_the_answer_of_a_committed_transaction(pg_dsn: str) -> None:
-    from onceflow.ledger import Ledger
+    from onceflow.sinks.postgres.commit import PROTOCOL_DDL
 
-    Ledger(pg_dsn, JOB).ensure_schema()
+    with psycopg.connect(pg_dsn) as conn:
+        conn.execute(PROTOCOL_DDL)
     dbname = psycopg.conninfo.conninfo_to_dict(pg_dsn)["dbname"]
     with PgProxy(pg_dsn) as proxy:
         proxy.arm(b"sink-x")
@@ -137,26 +138,25 @@ def test_unanswered_commit_is_resolved_by_the_marker(
     generate_payments(landing, records=600, files=2, duplicate_rate=0.1, invalid_rate=0.05)
     dbname = str(psycopg.conninfo.conninfo_to_dict(pg_dsn)["dbname"])
     resolutions: list[tuple[int, bool, bool]] = []
-    original = PostgresTableSink.resolve_unanswered_commit
+    original = Transaction._resolve
 
-    def spy(self: PostgresTableSink, marker: Any, xid: str, epoch: int) -> bool:
-        window_id = int(getattr(marker, "window_id", marker))  # a marker, or a window id
+    def spy(self: Transaction, marker: Any, xid: str, epoch: int) -> bool:
         with psycopg.connect(pg_dsn) as direct:  # not through the proxy
             row = direct.execute(
                 "SELECT 1 FROM onceflow.sink_commits WHERE job = %s AND sink = %s"
                 " AND window_id = %s",
-                (JOB, self.spec.name, window_id),
+                (JOB, marker.sink, marker.window_id),
             ).fetchone()
         decided = original(self, marker, xid, epoch)
-        resolutions.append((window_id, row is not None, decided))
+        resolutions.append((marker.window_id, row is not None, decided))
         return decided
 
-    monkeypatch.setattr(PostgresTableSink, "resolve_unanswered_commit", spy)
+    monkeypatch.setattr(Transaction, "_resolve", spy)
     with PgProxy(pg_dsn) as proxy:
         engine = make_engine(spark, proxy.dsn(dbname), lake, landing, tmp_path / "home")
         engine.prepare()
         proxy.arm(b"pg_payments")
-        result = engine.run(max_files_per_window=1)
+        result = engine.run(max_units_per_window=1)
         assert proxy.armed == 0 and len(proxy.drops) == 1
     assert resolutions == [(1, True, True)]
     assert [w.window_id for w in result.windows] == [1, 2]
@@ -246,6 +246,6 @@ def test_at_least_once_gives_exact_results_without_crashes(
     generate_payments(landing, records=800, files=3, duplicate_rate=0.1, invalid_rate=0.05)
     engine = make_engine(spark, pg_dsn, lake, landing, tmp_path / "home", guarantee="at_least_once")
     assert not engine.exactly_once
-    result = engine.run(max_files_per_window=1)
+    result = engine.run(max_units_per_window=1)
     assert len(result.windows) == 3
     assert_exact(expected_outputs(landing), actual_outputs(pg_dsn, lake))

@@ -14,10 +14,11 @@ from deltalake import DeltaTable, write_deltalake
 from onceflow.engine import Engine
 from onceflow.errors import ConfigurationError
 from onceflow.generate import generate_payments
-from onceflow.jobs import get_job
 from onceflow.jobs.payments import _raw_text
-from onceflow.reconcile import ReconcileReport, SinkDiff, format_report, parse_interval, reconcile
+from onceflow.reconcile import ReconcileReport, SinkDiff, format_report, reconcile
+from onceflow.registry import get_job
 from onceflow.settings import Settings
+from onceflow.windows import parse_interval
 from tests.support.oracle import Expected, expected_outputs, visible_files
 
 
@@ -109,7 +110,7 @@ def test_dry_run_reports_exact_damage_and_repair_makes_every_output_exact(
     generate_payments(landing, records=2000, files=6, duplicate_rate=0.1, invalid_rate=0.05, seed=7)
     files = visible_files(landing)
     engine = _engine(tmp_path, pg_dsn, lake, landing, spark)
-    engine.run(max_files_per_window=2, max_windows=2)
+    engine.run(max_units_per_window=2, max_windows=2)
     truth = expected_outputs(landing, windows=[files[:4]])
     _assert_exact(pg_dsn, lake, truth)
 
@@ -141,7 +142,7 @@ def test_dry_run_reports_exact_damage_and_repair_makes_every_output_exact(
     print(format_report(repair))
 
     # Incremental: only windows after the last verified one are compared (balances in full).
-    engine.run(max_files_per_window=2)
+    engine.run(max_units_per_window=2)
     with psycopg.connect(pg_dsn) as conn:
         for wid in (1, 3):
             conn.execute(
@@ -178,8 +179,8 @@ def _delta_window_ids(lake: Path) -> list[int]:
 @pytest.mark.parametrize(
     "loss",
     [
-        "DELETE FROM onceflow.windows; DELETE FROM onceflow.source_files",
-        "DROP TABLE onceflow.windows; DROP TABLE onceflow.source_files",
+        "DELETE FROM onceflow.windows; DELETE FROM onceflow.source_units",
+        "DROP TABLE onceflow.windows; DROP TABLE onceflow.source_units",
     ],
     ids=["delete", "drop"],
 )
@@ -187,12 +188,12 @@ def test_ledger_lost_between_runs_is_rebuilt_and_the_next_run_is_exact(
     loss, tmp_path, pg_dsn, lake, landing, spark
 ):
     generate_payments(landing, records=1200, files=6, duplicate_rate=0.1, invalid_rate=0.05, seed=3)
-    _engine(tmp_path, pg_dsn, lake, landing, spark).run(max_files_per_window=2, max_windows=2)
+    _engine(tmp_path, pg_dsn, lake, landing, spark).run(max_units_per_window=2, max_windows=2)
     with psycopg.connect(pg_dsn) as conn:
         conn.execute(loss)
         conn.commit()
 
-    result = _engine(tmp_path, pg_dsn, lake, landing, spark).run(max_files_per_window=2)
+    result = _engine(tmp_path, pg_dsn, lake, landing, spark).run(max_units_per_window=2)
 
     # The two committed windows come back from the sinks and change nothing; the rest of the
     # input becomes window 3: no window skipped, none doubled.
@@ -203,11 +204,11 @@ def test_ledger_lost_between_runs_is_rebuilt_and_the_next_run_is_exact(
 
 def test_source_files_lost_alone_is_rebuilt(tmp_path, pg_dsn, lake, landing, spark):
     generate_payments(landing, records=600, files=4, duplicate_rate=0.1, invalid_rate=0.05, seed=4)
-    _engine(tmp_path, pg_dsn, lake, landing, spark).run(max_files_per_window=2)
+    _engine(tmp_path, pg_dsn, lake, landing, spark).run(max_units_per_window=2)
     with psycopg.connect(pg_dsn) as conn:
-        conn.execute("DELETE FROM onceflow.source_files")
+        conn.execute("DELETE FROM onceflow.source_units")
         conn.commit()
-    result = _engine(tmp_path, pg_dsn, lake, landing, spark).run(max_files_per_window=2)
+    result = _engine(tmp_path, pg_dsn, lake, landing, spark).run(max_units_per_window=2)
     assert [w.window_id for w in result.windows if not w.noop] == []
     assert _delta_window_ids(lake) == [1, 2]
 
@@ -218,7 +219,7 @@ def test_window_with_deleted_input_is_unverifiable_and_left_alone(
     generate_payments(landing, records=1200, files=6, duplicate_rate=0.1, invalid_rate=0.05, seed=5)
     files = visible_files(landing)
     engine = _engine(tmp_path, pg_dsn, lake, landing, spark)
-    engine.run(max_files_per_window=2)
+    engine.run(max_units_per_window=2)
     with psycopg.connect(pg_dsn) as conn:
         lost = {}
         for wid in (2, 3):
@@ -275,16 +276,12 @@ def test_refuses_when_delta_forgets_windows_before_the_replay_horizon(
 
     # A saved xid too old for pg_xact_status (here: one long frozen) never decides anything:
     # the commit marker does, present or absent.
-    from onceflow.sinks.postgres import _Marker
+    from onceflow.sinks.postgres.commit import Marker, Transaction
 
-    sink = engine.postgres["pg_payments"]
+    tx = Transaction("payments", pg_dsn, engine.ledger)
     epoch = engine.ledger.current_epoch() or 0
-    assert sink.resolve_unanswered_commit(
-        _Marker("payments", "pg_payments", 1, None, True), "3", epoch
-    )
-    assert not sink.resolve_unanswered_commit(
-        _Marker("payments", "pg_payments", 99, None, True), "3", epoch
-    )
+    assert tx._resolve(Marker("payments", "pg_payments", 1), "3", epoch)
+    assert not tx._resolve(Marker("payments", "pg_payments", 99), "3", epoch)
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ from dagster import DagsterInstance, RunConfig, build_sensor_context, materializ
 import definitions
 from assets import RecoveryConfig, WindowRunConfig, build_job_assets
 from onceflow.generate import generate_payments
-from onceflow.jobs import get_job
+from onceflow.registry import get_job
 from tests.support.oracle import expected_outputs, visible_files
 from tests.support.outputs import actual_outputs, assert_exact
 

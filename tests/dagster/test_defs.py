@@ -34,10 +34,18 @@ def test_definitions_validate() -> None:
 def test_asset_keys_and_lineage() -> None:
     graph = _repo().asset_graph
     keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
-    assert keys == {"payments_landing", *SINKS, "payments_recovery"}
+    assert keys == {
+        "payments_landing",
+        *SINKS,
+        "payments_recovery",
+        "pg_daily_totals",
+        "daily_totals_recovery",
+    }
     for sink in SINKS:
         assert graph.get(AssetKey(sink)).parent_keys == {AssetKey("payments_landing")}
     assert graph.get(AssetKey("payments_recovery")).parent_keys == {AssetKey(s) for s in SINKS}
+    # One job feeds the next: daily_totals reads the payments Delta table.
+    assert graph.get(AssetKey("pg_daily_totals")).parent_keys == {AssetKey("lake_payments")}
     # One engine run commits every sink: the sink assets share one op and cannot be split.
     run = definitions.defs.get_assets_def(AssetKey("pg_payments"))
     assert set(run.keys) == {AssetKey(s) for s in SINKS}
@@ -46,14 +54,18 @@ def test_asset_keys_and_lineage() -> None:
 
 def test_jobs_tags_sensors_schedule_checks() -> None:
     repo = _repo()
-    for name in ("payments_job", "payments_recovery_job"):
-        assert repo.get_job(name).tags["onceflow/job"] == "payments"
+    for job in ("payments", "daily_totals"):
+        for name in (f"{job}_job", f"{job}_recovery_job"):
+            assert repo.get_job(name).tags["onceflow/job"] == job
     assert {s.name for s in repo.sensor_defs} == {
-        "payments_new_data_sensor",
-        "payments_failure_sensor",
-        "payments_quality_sensor",
+        f"{job}_{kind}_sensor"
+        for job in ("payments", "daily_totals")
+        for kind in ("new_data", "failure", "quality")
     }
-    assert {s.name for s in repo.schedule_defs} == {"payments_reconcile_schedule"}
+    assert {s.name for s in repo.schedule_defs} == {
+        "payments_reconcile_schedule",
+        "daily_totals_reconcile_schedule",
+    }
     checks = {(k.asset_key.to_user_string(), k.name) for k in repo.asset_graph.asset_check_keys}
     assert {(s, "quality") for s in SINKS} <= checks
     assert ("payments_recovery", "all_windows_committed") in checks
@@ -62,13 +74,14 @@ def test_jobs_tags_sensors_schedule_checks() -> None:
 def test_window_specs() -> None:
     import pytest
 
-    from assets.config import format_windows, parse_windows
+    from onceflow.errors import ConfigurationError
+    from onceflow.windows import format_windows, parse_windows
 
     assert parse_windows("3-7") == [3, 4, 5, 6, 7]
     assert parse_windows("3,5, 9-10") == [3, 5, 9, 10]
     assert format_windows([1, 2, 3, 5, 9, 10]) == "1-3,5,9-10"
     for bad in ("", "0", "7-3", "a", "1-100000"):
-        with pytest.raises(ValueError):
+        with pytest.raises(ConfigurationError):
             parse_windows(bad)
 
 

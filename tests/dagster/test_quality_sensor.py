@@ -21,7 +21,7 @@ from dagster import (
 import definitions
 from assets import build_job_assets
 from onceflow.generate import generate_payments
-from onceflow.jobs import get_job
+from onceflow.registry import get_job
 from sensors.quality import build_quality_sensor
 from tests.support.oracle import expected_outputs
 from tests.support.outputs import actual_outputs, assert_exact

@@ -73,7 +73,6 @@ def test_new_data_sensor_requests_each_batch_once(tmp_path: Path) -> None:
     requests, cursor = tick(None)
     assert requests == []
     seen_keys: list[str] = []
-    seen_files: set[str] = set()
     for seed in (1, 2, 3):
         generate_payments(landing, records=20, files=2, seed=seed)
         requests, cursor = tick(cursor)
@@ -81,9 +80,7 @@ def test_new_data_sensor_requests_each_batch_once(tmp_path: Path) -> None:
         seen_keys.append(requests[0].run_key)
         assert requests[0].tags["onceflow/job"] == "payments"
         files = sorted(p.name for p in (landing / "payments").iterdir())
-        new = {f for f in files if f not in seen_files}
-        assert requests[0].tags["onceflow/new_files"] == str(len(new)) == "2"
-        seen_files |= new
+        assert requests[0].tags["onceflow/source_version"] == f"{len(files)}:payments/{files[-1]}"
         assert tick(cursor)[0] == []  # nothing new: nothing repeated
     assert len(set(seen_keys)) == 3
-    assert cursor == f"payments/{max(seen_files)}"
+    assert cursor == f"{len(files)}:payments/{max(files)}"

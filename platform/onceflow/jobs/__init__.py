@@ -1,20 +1,6 @@
-"""The jobs onceflow ships, by name."""
+"""The reference jobs onceflow ships: `payments` and `daily_totals` (see docs/jobs.md).
+
+They are ordinary job modules, found like any user's (`onceflow.registry`).
+"""
 
 from __future__ import annotations
-
-from onceflow.errors import ConfigurationError
-from onceflow.job import Job
-
-
-def get_job(name: str) -> Job:
-    """Return the job named `name`."""
-    if name == "payments":
-        from onceflow.jobs.payments import PAYMENTS
-
-        return PAYMENTS
-    raise ConfigurationError(f"no job named {name!r}; known jobs: payments.")
-
-
-JOB_NAMES: tuple[str, ...] = ("payments",)
-
-__all__ = ["JOB_NAMES", "get_job"]

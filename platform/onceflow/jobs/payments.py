@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
-from onceflow.job import Dedupe, DeltaSink, Job, PostgresSink, WindowContext
+from onceflow.job import Dedupe, Job, WindowContext
 from onceflow.jobs._payments_rules import Invalid, Payment, parse_payment_line
+from onceflow.sinks.delta import DeltaSink
+from onceflow.sinks.postgres import PostgresSink, quarantine_table
 from onceflow.sources.landing import LandingSource
 
 if TYPE_CHECKING:
@@ -160,23 +162,7 @@ PAYMENTS = Job(
             mode="accumulate",
             accumulate=("total_cents", "payment_count"),
         ),
-        PostgresSink(
-            name="pg_quarantine",
-            output="quarantine",
-            schema="onceflow",
-            table="quarantine",
-            columns={
-                "job": "text",
-                "window_id": "bigint",
-                "source_file": "text",
-                "source_line": "bigint",
-                "raw_line": "text",
-                "reason": "text",
-            },
-            key=("job", "source_file", "source_line"),
-            mode="upsert",
-            window_column="window_id",
-        ),
+        quarantine_table("pg_quarantine"),
     ),
     quarantine_sink="pg_quarantine",
     metadata={

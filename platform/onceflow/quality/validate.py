@@ -34,9 +34,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# A marker's rows_written is the rows its window added to the table (an upsert that replaces a
+# row adds none); a restatement's is its net change.
 _MARKER_ROWS = """
-SELECT coalesce(sum(rows_written), 0)::bigint
-FROM onceflow.sink_commits WHERE job = %(job)s AND sink = %(sink)s
+SELECT (coalesce((SELECT sum(rows_written) FROM onceflow.sink_commits
+                  WHERE job = %(job)s AND sink = %(sink)s), 0)
+      + coalesce((SELECT sum(rows_written) FROM onceflow.restate_commits
+                  WHERE job = %(job)s AND sink = %(sink)s), 0))::bigint
 """
 
 # Windows the Delta table holds are those up to its app-transaction version. A window in that

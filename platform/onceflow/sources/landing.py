@@ -1,100 +1,163 @@
-"""A landing folder of line-oriented files; a window's offset is its exact list of files."""
+"""Landing folders: files that appear over time; a window's offsets are its exact list of files.
+
+A visible file is complete and never changes: producers write under a temporary name and
+rename. Names starting with `.` or `_`, or ending in `.tmp`, are not input. Files enter windows
+in the order they are discovered, and files discovered together in name order.
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+import time
+from abc import abstractmethod
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
-from onceflow.errors import ConfigurationError, SourceError
+from onceflow.errors import SourceError
+from onceflow.sources.base import Observation, Source
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-# Columns of the raw-line DataFrame every landing read gives: the position of each line and its
-# bytes, undecoded, so that invalid UTF-8 reaches validation instead of failing the read.
-RAW_SCHEMA = "_file_idx INT, _source_file STRING, _source_line BIGINT, _raw BINARY"
+    from onceflow.settings import Settings
 
 
 @dataclass(frozen=True)
-class LandingSource:
-    """Files under `<landing root>/<folder>` matching `suffix`, taken in discovery order.
+class LandingFiles(Source):
+    """Files under `<landing root>/<folder>` whose names end in `suffix`.
 
-    A visible file is complete and never changes: producers write under a temporary name and
-    rename. Names starting with `.` or `_`, or ending in `.tmp`, are not input.
+    Subclasses say how a file becomes records (`read_files`).
     """
 
     folder: str
-    suffix: str = ".jsonl"
+    suffix: str
 
-    def discover(self, root: Path) -> list[str]:
-        """Visible input files, as paths relative to `root`, in name order."""
-        base = root / self.folder
+    kind = "landing"
+
+    def describe(self) -> str:
+        return f"landing files `{self.folder}/*{self.suffix}`"
+
+    def base(self, settings: Settings) -> Path:
+        return settings.landing / self.folder
+
+    def discover(self, settings: Settings, after: Mapping[str, Any] | None = None) -> list[str]:
+        """Visible input files, as paths relative to the landing root, in name order."""
+        base = self.base(settings)
         if not base.is_dir():
             return []
         names = sorted(
             entry.name
             for entry in base.iterdir()
-            if entry.is_file()
-            and entry.name.endswith(self.suffix)
+            if entry.name.endswith(self.suffix)
             and not entry.name.startswith((".", "_"))
             and not entry.name.endswith(".tmp")
+            and entry.is_file()
         )
         return [f"{self.folder}/{name}" for name in names]
 
-    def offsets(self, root: Path, files: Sequence[str]) -> dict[str, Any]:
-        """The window offsets for `files`: their exact list, in source order, with sizes."""
-        ordered = sorted(files)
-        return {"files": ordered, "sizes": [(root / f).stat().st_size for f in ordered]}
+    def offsets(self, settings: Settings, units: Sequence[str]) -> dict[str, Any]:
+        """The files in name order, with their sizes (a changed file is detected on replay)."""
+        ordered = sorted(units)
+        return {
+            "files": ordered,
+            "sizes": [(settings.landing / f).stat().st_size for f in ordered],
+        }
 
-    def check_available(self, root: Path, offsets: dict[str, Any]) -> list[str]:
-        """Files of a window that are gone or changed (empty when the window can be replayed)."""
+    def units(self, offsets: Mapping[str, Any]) -> list[str]:
+        return list(offsets.get("files", []))
+
+    def check_available(self, settings: Settings, offsets: Mapping[str, Any]) -> list[str]:
         problems = []
-        for path, size in zip(offsets["files"], offsets.get("sizes", []), strict=False):
-            full = root / path
+        sizes = list(offsets.get("sizes", []))
+        for i, path in enumerate(offsets.get("files", [])):
+            full = settings.landing / path
             if not full.is_file():
                 problems.append(f"{path}: missing")
-            elif full.stat().st_size != size:
-                problems.append(f"{path}: size {full.stat().st_size}, expected {size}")
+            elif i < len(sizes) and full.stat().st_size != sizes[i]:
+                problems.append(f"{path}: size {full.stat().st_size}, expected {sizes[i]}")
         return problems
 
-    def read(self, spark: SparkSession, root: Path, offsets: dict[str, Any]) -> DataFrame:
-        """The window's lines as a DataFrame with RAW_SCHEMA, read on the executors."""
-        problems = self.check_available(root, offsets)
+    def read(
+        self, spark: SparkSession, settings: Settings, offsets: Mapping[str, Any]
+    ) -> DataFrame:
+        problems = self.check_available(settings, offsets)
         if problems:
             raise SourceError(
                 "window input is no longer what was planned: "
                 + "; ".join(problems[:5])
                 + ". Restore the files, or reconcile to report the window as unverifiable."
             )
-        _register(spark)
+        return self.read_files(spark, settings.landing, list(offsets.get("files", [])))
+
+    def read_many(
+        self, spark: SparkSession, settings: Settings, offsets: Sequence[Mapping[str, Any]]
+    ) -> tuple[DataFrame, list[tuple[int, int, int]]] | None:
+        files: list[str] = []
+        file_map: list[tuple[int, int, int]] = []
+        for position, window in enumerate(offsets):
+            problems = self.check_available(settings, window)
+            if problems:
+                raise SourceError("window input is no longer what was planned: " + problems[0])
+            for local, path in enumerate(window.get("files", [])):
+                file_map.append((len(files), position, local))
+                files.append(path)
+        return self.read_files(spark, settings.landing, files), file_map
+
+    @abstractmethod
+    def read_files(self, spark: SparkSession, root: Path, files: list[str]) -> DataFrame:
+        """The records of `files` (relative to `root`), one Spark partition per file."""
+
+    def observe(self, settings: Settings) -> Observation:
+        files = self.discover(settings, None)
+        newest = files[-1] if files else ""
+        return Observation(
+            version=f"{len(files)}:{newest}",
+            units=len(files),
+            metadata={"files": len(files), "newest_file": newest or "none"},
+        )
+
+    def unit_age_s(self, settings: Settings, unit: str) -> float | None:
+        try:
+            return max(0.0, time.time() - (settings.landing / unit).stat().st_mtime)
+        except OSError:
+            return None
+
+    def unit_size(self, settings: Settings, unit: str) -> int | None:
+        try:
+            return (settings.landing / unit).stat().st_size
+        except OSError:
+            return None
+
+
+# Columns of the raw-line frame: the position of each line and its bytes, undecoded, so that
+# invalid UTF-8 reaches the job's parse step instead of failing the read.
+RAW_SCHEMA = "_file_idx INT, _source_file STRING, _source_line BIGINT, _raw BINARY"
+
+
+@dataclass(frozen=True)
+class LandingSource(LandingFiles):
+    """Line-oriented landing files (JSON lines by default): one raw record per line.
+
+    The job's `parse` turns each line's bytes (`_raw`) into typed columns plus `_reason` and
+    `_raw_text`.
+    """
+
+    folder: str
+    suffix: str = ".jsonl"
+
+    def read_files(self, spark: SparkSession, root: Path, files: list[str]) -> DataFrame:
+        # Registered on every read: a Spark Connect session can change under us.
+        spark.dataSource.register(_LinesDataSource)
         return (
             spark.read.format(_LinesDataSource.name())
             .option("root", str(root))
-            .option("files", json.dumps(list(offsets["files"])))
+            .option("files", json.dumps(files))
             .load()
         )
-
-
-def check_root(root: Path) -> None:
-    if not root.is_dir():
-        raise ConfigurationError(
-            f"landing folder {root} does not exist; create it or set ONCEFLOW_LANDING."
-        )
-
-
-_registered: set[int] = set()
-
-
-def _register(spark: SparkSession) -> None:
-    key = id(spark)
-    if key not in _registered:
-        spark.dataSource.register(_LinesDataSource)
-        _registered.add(key)
 
 
 def _iter_lines(root: str, file_idx: int, rel: str) -> Iterator[tuple[int, str, int, bytes]]:
@@ -103,7 +166,9 @@ def _iter_lines(root: str, file_idx: int, rel: str) -> Iterator[tuple[int, str, 
             yield (file_idx, rel, number, line.rstrip(b"\n"))
 
 
-class _FilePartition(InputPartition):
+class FilePartition(InputPartition):
+    """One landing file, read by one Spark task."""
+
     def __init__(self, index: int, path: str) -> None:
         super().__init__(index)
         self.index = index
@@ -116,11 +181,12 @@ class _LinesReader(DataSourceReader):
         self.files: list[str] = json.loads(options["files"])
 
     def partitions(self) -> list[InputPartition]:
-        return [_FilePartition(i, path) for i, path in enumerate(self.files)]
+        return [FilePartition(i, path) for i, path in enumerate(self.files)]
 
     def read(self, partition: InputPartition) -> Iterator[tuple[int, str, int, bytes]]:
-        assert isinstance(partition, _FilePartition)
-        yield from _iter_lines(self.root, partition.index, partition.path)
+        # With no files Spark still runs one task, with a plain InputPartition: no rows.
+        if isinstance(partition, FilePartition):
+            yield from _iter_lines(self.root, partition.index, partition.path)
 
 
 class _LinesDataSource(DataSource):

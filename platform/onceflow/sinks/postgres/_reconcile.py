@@ -21,52 +21,24 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg import sql
 
+from onceflow._diff import Diff, multiset_diff
+from onceflow._identifiers import session_name
 from onceflow.errors import CommitUnknownError
-from onceflow.ledger import Ledger, application_name
 from onceflow.postgres import connect
-from onceflow.sinks.postgres import PostgresTableSink, _copy_partition
+from onceflow.sinks.postgres.commit import copy_frame
+from onceflow.sinks.postgres.spec import PostgresSink, arrow_type, spark_schema
 
-from ._diff import Diff, multiset_diff
+if TYPE_CHECKING:
+    from onceflow.ledger import Ledger
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
-# Spark and Arrow types of the PostgreSQL column types a sink may declare (job.PG_TYPES).
-_SPARK_TYPES = {
-    "text": "STRING",
-    "bigint": "BIGINT",
-    "integer": "INT",
-    "double precision": "DOUBLE",
-    "numeric": "DECIMAL(38,18)",
-    "timestamptz": "TIMESTAMP",
-    "boolean": "BOOLEAN",
-    "date": "DATE",
-}
 # Rows an executor fetches from its server-side cursor at a time.
 _FETCH_ROWS = 10_000
 # The highest block number a tid can name: the last range is open-ended.
 _MAX_BLOCK = 4_294_967_295
-
-
-def spark_schema(columns: dict[str, str]) -> str:
-    """The Spark DDL schema of a PostgreSQL sink's columns."""
-    return ", ".join(f"`{name}` {_SPARK_TYPES[pg]}" for name, pg in columns.items())
-
-
-def _arrow_type(pg_type: str) -> pa.DataType:
-    import pyarrow as pa
-
-    return {
-        "text": pa.string(),
-        "bigint": pa.int64(),
-        "integer": pa.int32(),
-        "double precision": pa.float64(),
-        "numeric": pa.decimal128(38, 18),
-        "timestamptz": pa.timestamp("us", tz="UTC"),
-        "boolean": pa.bool_(),
-        "date": pa.date32(),
-    }[pg_type]
 
 
 def _read_ranges(
@@ -74,7 +46,7 @@ def _read_ranges(
 ) -> Any:
     """A mapInArrow function: read each (lo, hi) block range of the table under `snapshot`."""
     names = list(columns)
-    types = [_arrow_type(t) for t in columns.values()]
+    types = [arrow_type(t) for t in columns.values()]
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import psycopg
@@ -109,7 +81,7 @@ def read_postgres(
     spark: SparkSession,
     dsn: str,
     conn: psycopg.Connection,
-    sink: PostgresTableSink,
+    spec: PostgresSink,
     *,
     job_filter: str | None = None,
 ) -> DataFrame:
@@ -122,10 +94,9 @@ def read_postgres(
         spark: The Spark session.
         dsn: The DSN, handed to the executors (never logged).
         conn: The driver's open transaction, whose snapshot the executors import.
-        sink: The sink.
-        job_filter: Only rows whose `job` column equals this (shared tables like quarantine).
+        spec: The sink.
+        job_filter: Only rows whose job column equals this (tables shared by jobs).
     """
-    spec = sink.spec
     row = conn.execute("SELECT pg_export_snapshot()").fetchone()
     assert row is not None
     snapshot = str(row[0])
@@ -135,7 +106,8 @@ def read_postgres(
         (spec.schema, spec.table),
     ).fetchone()
     blocks = int(row[0]) if row and row[0] is not None else 0
-    ranges = max(1, min(spark.sparkContext.defaultParallelism * 2, blocks))
+    parallelism = int(spark.conf.get("spark.sql.shuffle.partitions", "4") or 4)
+    ranges = max(1, min(parallelism, blocks))
     step = -(-max(blocks, 1) // ranges)
     bounds = [(i * step, (i + 1) * step) for i in range(ranges)]
     bounds[-1] = (bounds[-1][0], _MAX_BLOCK)
@@ -146,13 +118,13 @@ def read_postgres(
         for c, t in spec.columns.items()
     ]
     where = sql.SQL("ctid >= %(lo)s::tid AND ctid < %(hi)s::tid")
-    if job_filter is not None:
+    if job_filter is not None and spec.job_column is not None:
         where = sql.SQL("{} AND {} = {}").format(
-            where, sql.Identifier("job"), sql.Literal(job_filter)
+            where, sql.Identifier(spec.job_column), sql.Literal(job_filter)
         )
     query = (
         sql.SQL("SELECT {} FROM {} WHERE {}")
-        .format(sql.SQL(", ").join(select), sink.target, where)
+        .format(sql.SQL(", ").join(select), sql.Identifier(spec.schema, spec.table), where)
         .as_string(conn)
     )
     reader = _read_ranges(dsn, "onceflow/reconcile-read", snapshot, query, dict(spec.columns))
@@ -164,7 +136,8 @@ def reconcile_postgres(
     spark: SparkSession,
     dsn: str,
     ledger: Ledger,
-    sink: PostgresTableSink,
+    job: str,
+    spec: PostgresSink,
     expected: DataFrame,
     *,
     prepare_actual: Any,
@@ -179,19 +152,20 @@ def reconcile_postgres(
         spark: The Spark session.
         dsn: The DSN.
         ledger: The job's ledger (fencing).
-        sink: The sink.
+        job: The job's name.
+        spec: The sink.
         expected: The expected rows, with the sink's columns and types.
         prepare_actual: Narrows the actual rows to those under comparison (a function).
         key: Match columns (the sink's key), or empty for whole rows.
         workdir: A folder for the diff.
         epoch: The reconcile's epoch; None for a dry run.
-        job_filter: Only compare rows whose `job` column is this.
+        job_filter: Only compare rows whose job column is this.
     """
-    spec = sink.spec
     columns = list(spec.columns)
+    target = sql.Identifier(spec.schema, spec.table)
     repair = epoch is not None
     conn = ledger.connect(epoch) if repair else connect(dsn)
-    staged = _staging_names(sink, epoch) if repair else []
+    staged = _staging_names(job, spec, epoch) if repair else []
     try:
         # The diff can outlast the ledger's idle-in-transaction limit; a frozen reconcile is
         # still ended by the next run, which terminates sessions of older epochs.
@@ -201,17 +175,17 @@ def reconcile_postgres(
             assert epoch is not None
             conn.execute("SET LOCAL synchronous_commit = on")
             ledger.fence(conn, epoch)
-            conn.execute(sql.SQL("LOCK TABLE {} IN EXCLUSIVE MODE").format(sink.target))
+            conn.execute(sql.SQL("LOCK TABLE {} IN EXCLUSIVE MODE").format(target))
         else:
             conn.read_only = True
-        actual = prepare_actual(read_postgres(spark, dsn, conn, sink, job_filter=job_filter))
+        actual = prepare_actual(read_postgres(spark, dsn, conn, spec, job_filter=job_filter))
         diff = multiset_diff(expected.select(*columns), actual.select(*columns), columns, key,
                              workdir / f"diff_{spec.name}")  # fmt: skip
         if not repair or diff.empty:
             conn.rollback()
             return diff
         assert epoch is not None
-        _apply(spark, dsn, conn, sink, diff, epoch, staged, keyed=bool(key))
+        _apply(dsn, conn, job, spec, diff, epoch, staged, keyed=bool(key))
         try:
             conn.commit()
         except psycopg.OperationalError:
@@ -226,10 +200,10 @@ def reconcile_postgres(
 
 
 def _apply(
-    spark: SparkSession,
     dsn: str,
     conn: psycopg.Connection,
-    sink: PostgresTableSink,
+    job: str,
+    spec: PostgresSink,
     diff: Diff,
     epoch: int,
     names: list[str],
@@ -241,19 +215,19 @@ def _apply(
     The staging tables `names` are dropped by the caller once the transaction has ended
     (dropping them earlier would wait on this transaction's locks).
     """
-    spec = sink.spec
-    app = application_name(sink.job, epoch)
+    target = sql.Identifier(spec.schema, spec.table)
+    app = session_name(job, epoch)
     del_name, ins_name = names
     match = diff.match
     columns = [*diff.match, *diff.values]
     staged = [(del_name, match), (ins_name, columns)]
     with connect(dsn, autocommit=True, application_name=app) as ddl:
         for name, cols in staged:
-            target = sql.Identifier("onceflow", name)
-            ddl.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(target))
+            table = sql.Identifier("onceflow", name)
+            ddl.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(table))
             ddl.execute(
                 sql.SQL("CREATE UNLOGGED TABLE {} ({})").format(
-                    target,
+                    table,
                     sql.SQL(", ").join(
                         sql.SQL("{} {}").format(sql.Identifier(c), sql.SQL(spec.columns[c]))
                         for c in cols
@@ -261,8 +235,7 @@ def _apply(
                 )
             )
     for (name, cols), rows in zip(staged, (diff.deletes(), diff.inserts()), strict=True):
-        copier = _copy_partition(dsn, app, "onceflow", name, cols)
-        rows.select(*cols).mapInArrow(copier, "rows long").groupBy().sum("rows").collect()
+        copy_frame(dsn, app, name, cols, rows)
     # Keys are NOT NULL, so `=` (which can use the key's index); whole rows may hold nulls.
     equal = "t.{} = s.{}" if keyed else "t.{} IS NOT DISTINCT FROM s.{}"
     condition = sql.SQL(" AND ").join(
@@ -270,19 +243,19 @@ def _apply(
     )
     conn.execute(
         sql.SQL("DELETE FROM {} AS t USING {} AS s WHERE {}").format(
-            sink.target, sql.Identifier("onceflow", del_name), condition
+            target, sql.Identifier("onceflow", del_name), condition
         )
     )
     col_list = sql.SQL(", ").join(sql.Identifier(c) for c in columns)
     conn.execute(
         sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {}").format(
-            sink.target, col_list, col_list, sql.Identifier("onceflow", ins_name)
+            target, col_list, col_list, sql.Identifier("onceflow", ins_name)
         )
     )
 
 
-def _staging_names(sink: PostgresTableSink, epoch: int) -> list[str]:
-    digest = hashlib.sha1(f"{sink.job}/{sink.spec.name}/{epoch}".encode()).hexdigest()[:16]
+def _staging_names(job: str, spec: PostgresSink, epoch: int | None) -> list[str]:
+    digest = hashlib.sha1(f"{job}/{spec.name}/{epoch}".encode()).hexdigest()[:16]
     return [f"reconcile_{digest}_del", f"reconcile_{digest}_ins"]
 
 

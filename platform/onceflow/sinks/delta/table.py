@@ -4,7 +4,9 @@ delta-rs records application transactions but never checks them on commit, so tw
 both commit the same window. Here the check (is the window's `txn` version already at or past
 this window? has a newer epoch fenced this run?) is made on a loaded snapshot, and the commit is
 made against that same snapshot with `max_commit_retries=0`: if anyone committed in between,
-ours fails with CommitFailedError, and we reload and check again.
+ours fails with CommitFailedError; we reload, and if the table moved (a real conflict) check
+again, a bounded number of times with backoff. A CommitFailedError without a newer version is
+not a conflict (delta-rs raises it for unsupported features too) and fails the commit.
 
 Executors write the Parquet data files straight into the table folder; the driver only reads
 their footers (row counts) and commits the add actions.
@@ -17,9 +19,10 @@ import logging
 import shutil
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -27,15 +30,20 @@ from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction
 
-from onceflow._identifiers import delta_app_id
-from onceflow.errors import FencedError, SinkError
+from onceflow._identifiers import delta_app_id, epoch_app_id, restate_app_id
+from onceflow.errors import FencedError, SinkError, TransientSinkError
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import DataFrame
 
 _log = logging.getLogger(__name__)
 
 META_PREFIX = "onceflow."
+# Attempts at a commit that keeps losing real conflicts, and the longest pause between two.
+COMMIT_ATTEMPTS = 12
+MAX_BACKOFF_S = 2.0
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -47,18 +55,14 @@ class DeltaCommit:
     already_committed: bool
 
 
-def epoch_app_id(job: str, sink: str) -> str:
-    return f"{delta_app_id(job, sink)}/epoch"
-
-
-def _spark_schema_to_arrow(df: DataFrame) -> pa.Schema:
+def spark_schema_to_arrow(df: DataFrame) -> pa.Schema:
     from pyspark.sql.pandas.types import to_arrow_schema
 
     return to_arrow_schema(df.schema, timezone="UTC")
 
 
 class DeltaTableSink:
-    """The Delta side of one sink of one job."""
+    """The Delta side of one sink of one job: its table, app transactions and epoch claims."""
 
     def __init__(self, job: str, sink: str, path: Path) -> None:
         self.job = job
@@ -66,6 +70,7 @@ class DeltaTableSink:
         self.path = path
         self.app_id = delta_app_id(job, sink)
         self.epoch_app = epoch_app_id(job, sink)
+        self.restate_app = restate_app_id(job, sink)
 
     # -- table --------------------------------------------------------------------------------
 
@@ -88,7 +93,8 @@ class DeltaTableSink:
             except Exception as exc:  # a concurrent creator is fine; anything else is not
                 if not self.exists():
                     raise SinkError(
-                        f"sink {self.sink}: cannot create Delta table {self.path}: {exc}"
+                        f"sink {self.sink}: cannot create Delta table {self.path} "
+                        f"({type(exc).__name__})"
                     ) from None
 
     def committed_through(self) -> int:
@@ -105,39 +111,90 @@ class DeltaTableSink:
 
     # -- commits ------------------------------------------------------------------------------
 
-    def claim_epoch(self, epoch: int) -> None:
-        """Record `epoch` in the table, so any commit of an older run fails from now on."""
-        while True:
+    def _commit(
+        self,
+        attempt: Callable[[DeltaTable], T | None],
+        actions: Callable[[DeltaTable], list[Any]],
+        properties: Callable[[DeltaTable], CommitProperties],
+        *,
+        on_conflict: Callable[[], None] | None = None,
+        retry_on_conflict: bool = True,
+    ) -> T | DeltaTable:
+        """Check on a snapshot, commit on that snapshot, and decide again after a conflict.
+
+        `attempt(table)` returns a result to stop without committing (already there), or None
+        to commit `actions(table)` with `properties(table)`. Returns the stop result, or the
+        table after the commit.
+        """
+        delay = 0.05
+        for n in range(COMMIT_ATTEMPTS):
             table = self.table()
-            current = table.transaction_version(self.epoch_app) or 0
-            if current >= epoch:
-                if current > epoch:
-                    raise self._fenced(epoch, current)
-                return
+            stop = attempt(table)
+            if stop is not None:
+                return stop
             try:
                 table.create_write_transaction(
-                    [],
+                    actions(table),
                     mode="append",
                     schema=table.schema(),
-                    commit_properties=CommitProperties(
-                        custom_metadata={
-                            f"{META_PREFIX}epoch": str(epoch),
-                            f"{META_PREFIX}job": self.job,
-                            f"{META_PREFIX}sink": self.sink,
-                        },
-                        max_commit_retries=0,
-                        app_transactions=[Transaction(self.epoch_app, epoch)],
-                    ),
+                    commit_properties=properties(table),
                 )
-                return
-            except CommitFailedError:
+            except CommitFailedError as exc:
+                if on_conflict:
+                    on_conflict()
+                moved = self.table().version() > table.version()
+                if not moved:
+                    raise SinkError(
+                        f"sink {self.sink}: Delta refused the commit without a conflicting "
+                        f"writer ({type(exc).__name__}); nothing was written. Check the table's "
+                        "protocol and features."
+                    ) from None
+                if not retry_on_conflict:
+                    raise TransientSinkError(
+                        f"sink {self.sink}: the Delta table changed during the commit; nothing "
+                        "was written. Run again."
+                    ) from None
+                _log.info("sink %s: commit conflict (attempt %d); deciding again", self.sink, n)
+                time.sleep(delay)
+                delay = min(delay * 2, MAX_BACKOFF_S)
                 continue
+            table.update_incremental()
+            return table
+        raise TransientSinkError(
+            f"sink {self.sink}: lost {COMMIT_ATTEMPTS} commit races in a row on {self.path}; "
+            "another writer keeps committing. Run again."
+        )
+
+    def claim_epoch(self, epoch: int) -> None:
+        """Record `epoch` in the table, so any commit of an older run fails from now on."""
+        if not self.exists():
+            return
+
+        def attempt(table: DeltaTable) -> bool | None:
+            current = table.transaction_version(self.epoch_app) or 0
+            if current > epoch:
+                raise self._fenced(epoch, current)
+            return True if current == epoch else None
+
+        self._commit(
+            attempt,
+            lambda table: [],
+            lambda table: CommitProperties(
+                custom_metadata={
+                    f"{META_PREFIX}epoch": str(epoch),
+                    f"{META_PREFIX}job": self.job,
+                    f"{META_PREFIX}sink": self.sink,
+                },
+                max_commit_retries=0,
+                app_transactions=[Transaction(self.epoch_app, epoch)],
+            ),
+        )
 
     def write_files(self, df: DataFrame, window_id: int, epoch: int) -> list[AddAction]:
         """Have the executors write `df` as Parquet into the table folder; return add actions."""
         folder = f"w{window_id:010d}-e{epoch}-{uuid.uuid4().hex[:8]}"
         target = self.path / folder
-        df.write.mode("errorifexists").option("compression", "snappy").parquet(str(target))
+        df.write.mode("overwrite").option("compression", "snappy").parquet(str(target))
         actions = []
         now_ms = int(time.time() * 1000)
         for file in sorted(target.glob("*.parquet")):
@@ -170,14 +227,14 @@ class DeltaTableSink:
         exactly_once: bool = True,
     ) -> DeltaCommit:
         """Commit the window's rows in one Delta commit, unless the table already holds it."""
-        self.ensure_table(_spark_schema_to_arrow(df))
+        self.ensure_table(spark_schema_to_arrow(df))
         if exactly_once:
             table = self.table()
             self._check(table, window_id, epoch)
             if (table.transaction_version(self.app_id) or 0) >= window_id:
                 return DeltaCommit(None, 0, True)
-        actions = self.write_files(df, window_id, epoch)
-        rows = sum(json.loads(a.stats)["numRecords"] for a in actions)
+        adds = self.write_files(df, window_id, epoch)
+        rows = sum(json.loads(a.stats)["numRecords"] for a in adds)
         metadata = {
             f"{META_PREFIX}job": self.job,
             f"{META_PREFIX}sink": self.sink,
@@ -187,32 +244,37 @@ class DeltaTableSink:
             f"{META_PREFIX}offsets": json.dumps(offsets),
             f"{META_PREFIX}rows": str(rows),
         }
-        while True:
-            table = self.table()
+
+        def attempt(table: DeltaTable) -> DeltaCommit | None:
             if exactly_once:
                 if (table.transaction_version(self.app_id) or 0) >= window_id:
-                    self._discard(actions)
+                    self._discard(adds)
                     return DeltaCommit(None, 0, True)
                 self._check(table, window_id, epoch)
-            try:
-                table.create_write_transaction(
-                    actions,
-                    mode="append",
-                    schema=table.schema(),
-                    commit_properties=CommitProperties(
-                        custom_metadata=metadata,
-                        max_commit_retries=0 if exactly_once else None,
-                        app_transactions=[
-                            Transaction(self.app_id, window_id),
-                            # The first commit of a run claims the table for its epoch too.
-                            Transaction(self.epoch_app, epoch),
-                        ],
-                    ),
-                )
-            except CommitFailedError:
-                continue  # someone committed in between: reload and decide again
-            table.update_incremental()
-            return DeltaCommit(table.version(), rows, False)
+            return None
+
+        done = self._commit(
+            attempt,
+            lambda table: list(adds),
+            lambda table: CommitProperties(
+                custom_metadata=metadata,
+                max_commit_retries=0,
+                app_transactions=[
+                    Transaction(self.app_id, window_id),
+                    # The first commit of a run claims the table for its epoch too.
+                    Transaction(self.epoch_app, epoch),
+                ],
+            ),
+        )
+        if isinstance(done, DeltaCommit):
+            return done
+        return DeltaCommit(done.version(), rows, False)
+
+    def restated_through(self) -> int:
+        """The highest restatement sequence number applied to this table (0 if none)."""
+        if not self.exists():
+            return 0
+        return self.table().transaction_version(self.restate_app) or 0
 
     def replace_window(
         self,
@@ -224,41 +286,42 @@ class DeltaTableSink:
         restate_seq: int,
     ) -> DeltaCommit:
         """Replace every row of `window_id` by `df` in one commit (a restatement)."""
-        from onceflow._identifiers import restate_app_id
+        adds = self.write_files(df, window_id, epoch)
+        rows = sum(json.loads(a.stats)["numRecords"] for a in adds)
+        rewritten: list[AddAction] = []
 
-        app = restate_app_id(self.job, self.sink)
-        actions = self.write_files(df, window_id, epoch)
-        rows = sum(json.loads(a.stats)["numRecords"] for a in actions)
-        while True:
-            table = self.table()
+        def attempt(table: DeltaTable) -> DeltaCommit | None:
             self._check(table, window_id, epoch, require_committed=True)
-            if (table.transaction_version(app) or 0) >= restate_seq:
-                self._discard(actions)
+            if (table.transaction_version(self.restate_app) or 0) >= restate_seq:
+                self._discard(adds)
                 return DeltaCommit(None, 0, True)
+            return None
+
+        def actions(table: DeltaTable) -> list[Any]:
             removes, kept = self._rewrite_without_window(table, window_id, epoch)
-            try:
-                table.create_write_transaction(
-                    [*removes, *kept, *actions],
-                    mode="append",
-                    schema=table.schema(),
-                    commit_properties=CommitProperties(
-                        custom_metadata={
-                            f"{META_PREFIX}job": self.job,
-                            f"{META_PREFIX}sink": self.sink,
-                            f"{META_PREFIX}restated_window_id": str(window_id),
-                            f"{META_PREFIX}epoch": str(epoch),
-                            f"{META_PREFIX}run_id": run_id,
-                            f"{META_PREFIX}rows": str(rows),
-                        },
-                        max_commit_retries=0,
-                        app_transactions=[Transaction(app, restate_seq)],
-                    ),
-                )
-            except CommitFailedError:
-                self._discard(kept)
-                continue
-            table.update_incremental()
-            return DeltaCommit(table.version(), rows, False)
+            rewritten[:] = kept
+            return [*removes, *kept, *adds]
+
+        done = self._commit(
+            attempt,
+            actions,
+            lambda table: CommitProperties(
+                custom_metadata={
+                    f"{META_PREFIX}job": self.job,
+                    f"{META_PREFIX}sink": self.sink,
+                    f"{META_PREFIX}restated_window_id": str(window_id),
+                    f"{META_PREFIX}epoch": str(epoch),
+                    f"{META_PREFIX}run_id": run_id,
+                    f"{META_PREFIX}rows": str(rows),
+                },
+                max_commit_retries=0,
+                app_transactions=[Transaction(self.restate_app, restate_seq)],
+            ),
+            on_conflict=lambda: self._discard(rewritten),
+        )
+        if isinstance(done, DeltaCommit):
+            return done
+        return DeltaCommit(done.version(), rows, False)
 
     def _rewrite_without_window(
         self, table: DeltaTable, window_id: int, epoch: int
@@ -302,6 +365,48 @@ class DeltaTableSink:
                 )
         return removes, kept
 
+    def commit_repair(
+        self,
+        table: DeltaTable,
+        removes: list[RemoveAction],
+        adds: list[AddAction],
+        *,
+        epoch: int,
+        run_id: str,
+        counts: dict[str, int],
+    ) -> int:
+        """Commit a reconcile repair against the snapshot `table` the diff read; once only.
+
+        Raises:
+            TransientSinkError: The table changed since that snapshot; nothing changed.
+        """
+        self._check(table, 0, epoch)
+        try:
+            table.create_write_transaction(
+                [*removes, *adds],
+                mode="append",
+                schema=table.schema(),
+                commit_properties=CommitProperties(
+                    custom_metadata={
+                        f"{META_PREFIX}job": self.job,
+                        f"{META_PREFIX}sink": self.sink,
+                        f"{META_PREFIX}reconciled": json.dumps(counts),
+                        f"{META_PREFIX}epoch": str(epoch),
+                        f"{META_PREFIX}run_id": run_id,
+                    },
+                    max_commit_retries=0,
+                    app_transactions=[Transaction(self.epoch_app, epoch)],
+                ),
+            )
+        except CommitFailedError:
+            self._discard(adds)
+            raise TransientSinkError(
+                f"sink {self.sink}: the Delta table changed while it was being reconciled; "
+                "nothing was changed. Run reconcile again."
+            ) from None
+        table.update_incremental()
+        return table.version()
+
     def _check(
         self, table: DeltaTable, window_id: int, epoch: int, require_committed: bool = False
     ) -> None:
@@ -325,27 +430,15 @@ class DeltaTableSink:
     # -- reading ------------------------------------------------------------------------------
 
     def history(self) -> list[dict[str, Any]]:
-        """This job's window commits recorded in the table, oldest first."""
+        """This job's window commits recorded in the table, oldest window first."""
         if not self.exists():
             return []
-        out = []
-        for entry in self.table().history():
-            if entry.get(f"{META_PREFIX}job") == self.job and f"{META_PREFIX}window_id" in entry:
-                out.append(entry)
+        out = [
+            entry
+            for entry in self.table().history()
+            if entry.get(f"{META_PREFIX}job") == self.job
+            and entry.get(f"{META_PREFIX}sink", self.sink) == self.sink
+            and f"{META_PREFIX}window_id" in entry
+        ]
         out.sort(key=lambda e: int(e[f"{META_PREFIX}window_id"]))
         return out
-
-
-def read_delta(spark: SparkSession, path: Path, schema: str | None = None) -> DataFrame:
-    """Read a Delta table on Spark, distributed, from the files of its current snapshot."""
-    table = DeltaTable(str(path))
-    files = table.file_uris()
-    if not files:
-        arrow_schema = pa.schema(table.schema().to_arrow())
-        from pyspark.sql.pandas.types import from_arrow_schema
-
-        return spark.createDataFrame([], from_arrow_schema(arrow_schema))
-    reader = spark.read
-    if schema:
-        reader = reader.schema(schema)
-    return reader.parquet(*files)

@@ -8,7 +8,6 @@ fails and nothing changes (reconcile again).
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,14 +15,12 @@ from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, Transaction
-from deltalake.exceptions import CommitFailedError
+from deltalake import DeltaTable
 from deltalake.transaction import RemoveAction
 
-from onceflow.errors import TransientSinkError
-from onceflow.sinks.delta import META_PREFIX, DeltaTableSink
-
-from ._diff import Diff, multiset_diff
+from onceflow._delta_read import read_snapshot
+from onceflow._diff import Diff, multiset_diff
+from onceflow.sinks.delta.table import DeltaTableSink
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -36,22 +33,6 @@ def _local(uri: str) -> str:
     parsed = urlparse(uri)
     path = unquote(parsed.path) if parsed.scheme in ("file", "") else uri
     return str(Path(path).resolve()) if parsed.scheme in ("file", "") else path
-
-
-def read_snapshot(spark: SparkSession, table: DeltaTable) -> DataFrame:
-    """The rows of `table`'s loaded version on Spark, with the file each row is in."""
-    from pyspark.sql import functions as F
-    from pyspark.sql.pandas.types import from_arrow_schema
-
-    schema = from_arrow_schema(pa.schema(table.schema().to_arrow()))
-    files = table.file_uris()
-    if not files:
-        return spark.createDataFrame([], schema).withColumn(_FILE_COL, F.lit(None).cast("string"))
-    return (
-        spark.read.schema(schema)
-        .parquet(*files)
-        .withColumn(_FILE_COL, F.col("_metadata.file_path"))
-    )
 
 
 def reconcile_delta(
@@ -77,7 +58,7 @@ def reconcile_delta(
         epoch: The reconcile's epoch; None for a dry run.
         run_id: Recorded in the repair commit.
     """
-    snapshot = read_snapshot(spark, table)
+    snapshot = read_snapshot(spark, table, str(sink.path), file_column=_FILE_COL)
     columns = [c for c in snapshot.columns if c != _FILE_COL]
     diff = multiset_diff(
         expected.select(*columns),
@@ -88,12 +69,11 @@ def reconcile_delta(
     )
     if epoch is None or diff.empty:
         return diff
-    _repair(spark, sink, table, snapshot, diff, columns, epoch, run_id)
+    _repair(sink, table, snapshot, diff, columns, epoch, run_id)
     return diff
 
 
 def _repair(
-    spark: SparkSession,
     sink: DeltaTableSink,
     table: DeltaTable,
     snapshot: DataFrame,
@@ -137,29 +117,11 @@ def _repair(
                 partition_values={},
             )
         )
-    sink._check(table, 0, epoch)
-    try:
-        table.create_write_transaction(
-            [*removes, *adds],
-            mode="append",
-            schema=table.schema(),
-            commit_properties=CommitProperties(
-                custom_metadata={
-                    f"{META_PREFIX}job": sink.job,
-                    f"{META_PREFIX}sink": sink.sink,
-                    f"{META_PREFIX}reconciled": json.dumps(
-                        {"missing": diff.missing, "extra": diff.extra}
-                    ),
-                    f"{META_PREFIX}epoch": str(epoch),
-                    f"{META_PREFIX}run_id": run_id,
-                },
-                max_commit_retries=0,
-                app_transactions=[Transaction(sink.epoch_app, epoch)],
-            ),
-        )
-    except CommitFailedError:
-        sink._discard(adds)
-        raise TransientSinkError(
-            f"sink {sink.sink}: the Delta table changed while it was being reconciled; nothing "
-            "was changed. Run reconcile again."
-        ) from None
+    sink.commit_repair(
+        table,
+        removes,
+        adds,
+        epoch=epoch,
+        run_id=run_id,
+        counts={"missing": diff.missing, "extra": diff.extra},
+    )

@@ -1,0 +1,249 @@
+"""The Sink protocol: a sink spec (job data) and the group that owns its whole commit protocol.
+
+A job's sinks are specs (`DeltaSink`, `PostgresSink`). When a job runs, each kind opens its
+specs as *groups*: the sinks a kind commits together. A Delta table is one group; all the
+PostgreSQL sinks of a job live in one database and commit a window in one transaction, so a
+reader never sees a window's payments without its balances. The engine, restatement, reconcile,
+status, quality and the Dagster layer only call `SinkGroup` methods; the protocols (markers,
+app transactions, fences, staging, repairs) live with each kind in its own package.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from onceflow._identifiers import check_identifier
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from onceflow._diff import Diff
+    from onceflow.job import Job
+    from onceflow.ledger import Ledger, Window
+    from onceflow.quality import Target
+    from onceflow.settings import Settings
+
+
+@dataclass(frozen=True)
+class SinkOutcome:
+    """What one sink did with one window (or one restatement of it)."""
+
+    sink: str
+    committed: bool  # this run wrote the window
+    already_committed: bool  # the sink held it before
+    rows: int = 0
+    delta_version: int | None = None
+    xid: str | None = None
+    latency_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class RecordedWindow:
+    """A window as a sink's own commit record tells it (to rebuild a lost ledger)."""
+
+    window_id: int
+    offsets: dict[str, Any]
+    epoch: int
+
+
+@dataclass(frozen=True)
+class SinkContext:
+    """What a sink group needs to reach its storage and the job's ledger."""
+
+    job: Job
+    settings: Settings
+    dsn: str
+    ledger: Ledger
+
+
+@dataclass(frozen=True)
+class ReconcileScope:
+    """Which windows a reconcile compares in one sink.
+
+    Attributes:
+        unverifiable: Windows whose input is gone: their rows are left alone.
+        since: Rows of windows up to this one were verified before (incremental mode).
+        windows: Every window the ledger has planned.
+    """
+
+    unverifiable: frozenset[int]
+    since: int
+    windows: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class SinkReconcile:
+    """What a reconcile found (and repaired) in one sink."""
+
+    diff: Diff | None
+    skipped: str | None  # why the sink was not compared
+    committed: frozenset[int]  # windows the sink holds
+    compared: frozenset[int]  # windows whose rows were compared one by one
+
+
+@dataclass(frozen=True)
+class SinkSpec(ABC):
+    """One output of a job and where it goes. Subclasses are the sink kinds.
+
+    Attributes:
+        name: The sink's name: an identifier, unique among every job's sinks (it is the asset
+            key in Dagster and keys the sink's commit records).
+        output: The name of the transform output this sink receives.
+    """
+
+    name: str
+    output: str
+
+    #: The kind's name (`delta`, `postgres`), shown in status and the UI.
+    kind: ClassVar[str] = "sink"
+    #: Whether `SinkGroup.seen_keys` works for this kind (first-occurrence dedupe state).
+    holds_dedupe_state: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        check_identifier(self.name, "sink name")
+        check_identifier(self.output, f"sink {self.name}: output")
+
+    @classmethod
+    @abstractmethod
+    def open_groups(cls, specs: Sequence[SinkSpec], ctx: SinkContext) -> list[SinkGroup]:
+        """Open this kind's sinks of one job as the groups that commit together."""
+
+    @abstractmethod
+    def describe(self) -> str:
+        """One line saying where the sink writes (no credentials)."""
+
+    @property
+    def lake_table(self) -> str | None:
+        """The table under the lake root this sink writes, if any (for lineage between jobs)."""
+        return None
+
+
+class SinkGroup(ABC):
+    """Sinks of one kind that a window is committed to together, with their whole protocol."""
+
+    kind: str
+    specs: tuple[SinkSpec, ...]
+
+    @property
+    def names(self) -> list[str]:
+        return [s.name for s in self.specs]
+
+    @abstractmethod
+    def prepare(self) -> None:
+        """Create what the sinks need that does not depend on data (tables, marker DDL)."""
+
+    @abstractmethod
+    def epoch_floor(self) -> int:
+        """The highest epoch these sinks have seen (so a new epoch is higher without a ledger)."""
+
+    @abstractmethod
+    def claim_epoch(self, epoch: int) -> None:
+        """Record `epoch` so that commits of older runs fail from now on.
+
+        Raises:
+            FencedError: A newer epoch has claimed the sinks already.
+        """
+
+    @abstractmethod
+    def held(self, window_ids: Sequence[int]) -> dict[str, set[int]]:
+        """For each sink, which of `window_ids` it holds."""
+
+    @abstractmethod
+    def committed_through(self) -> dict[str, int]:
+        """For each sink, the highest window id it holds (0 for none)."""
+
+    @abstractmethod
+    def recorded_windows(self) -> list[RecordedWindow]:
+        """Every window the sinks' commit records name, with its offsets and epoch."""
+
+    @abstractmethod
+    def commit(
+        self,
+        window: Window,
+        outputs: Mapping[str, DataFrame],
+        sinks: Sequence[str],
+        *,
+        epoch: int,
+        run_id: str,
+        exactly_once: bool,
+    ) -> dict[str, SinkOutcome]:
+        """Commit `window` to `sinks` (names in this group) unless they hold it already.
+
+        Raises:
+            FencedError: A newer run has taken over; nothing was written.
+            SinkError: The commit failed; nothing was written.
+        """
+
+    @abstractmethod
+    def check_restate(self, window: Window) -> None:
+        """Raise SinkError if `window` cannot be restated here (checked before any change)."""
+
+    @abstractmethod
+    def restate(
+        self,
+        window: Window,
+        outputs: Mapping[str, DataFrame],
+        *,
+        epoch: int,
+        run_id: str,
+        seq: int,
+    ) -> dict[str, SinkOutcome]:
+        """Replace the window's effect in every sink of the group (restatement `seq`, once)."""
+
+    def seen_keys(
+        self,
+        spark: SparkSession,
+        sink: str,
+        keys: Sequence[str],
+        *,
+        before: int | None = None,
+        only: Sequence[int] | None = None,
+    ) -> DataFrame | None:
+        """Keys of the sink's rows, with the first window holding each as `__seen_in`.
+
+        Args:
+            spark: The Spark session.
+            sink: The sink's name.
+            keys: The key columns.
+            before: Only rows of windows before this one.
+            only: Only rows of these windows.
+
+        Returns:
+            None when the sink holds no rows yet. Kinds with `holds_dedupe_state` implement it.
+        """
+        raise NotImplementedError(f"{self.kind} sinks cannot hold dedupe state")
+
+    @abstractmethod
+    def reconcile(
+        self,
+        spark: SparkSession,
+        sink: str,
+        expected: DataFrame | None,
+        scope: ReconcileScope,
+        *,
+        epoch: int | None,
+        run_id: str,
+        workdir: Path,
+    ) -> SinkReconcile:
+        """Diff one sink with `expected` (rows plus `__onceflow_window`); repair if `epoch`."""
+
+    @abstractmethod
+    def check_retention(self, oldest_window: datetime | None) -> None:
+        """Raise ConfigurationError if the sinks may forget commit records a replay needs."""
+
+    @abstractmethod
+    def data_version(self, sink: str) -> int | None:
+        """A version of the sink's data for the UI (the Delta version), if the kind has one."""
+
+    @abstractmethod
+    def quality_targets(self) -> list[Target]:
+        """The quality suites of the group's sinks."""
+
+    @abstractmethod
+    def status(self) -> dict[str, dict[str, Any]]:
+        """For each sink, plain facts for `onceflow status` (JSON-serialisable)."""

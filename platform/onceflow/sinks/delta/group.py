@@ -1,0 +1,297 @@
+"""The Delta sink group: one Delta table of one job and everything onceflow does with it."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from onceflow._delta_read import read_snapshot, spark_schema
+from onceflow.errors import ConfigurationError, SinkError
+from onceflow.sinks.base import (
+    ReconcileScope,
+    RecordedWindow,
+    SinkContext,
+    SinkGroup,
+    SinkOutcome,
+    SinkReconcile,
+)
+from onceflow.sinks.delta._reconcile import reconcile_delta
+from onceflow.sinks.delta.spec import DeltaSink
+from onceflow.sinks.delta.table import META_PREFIX, DeltaTableSink
+from onceflow.windows import WINDOW_COL, parse_interval
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from onceflow.ledger import Window
+    from onceflow.quality import Target
+
+RETENTION_PROPERTY = "delta.setTransactionRetentionDuration"
+# Commits looked at to find the newest window commit behind a run's epoch claims.
+RECENT_COMMITS = 50
+
+
+class DeltaGroup(SinkGroup):
+    """One Delta sink: its table under the lake, committed once per window."""
+
+    kind = "delta"
+
+    def __init__(self, spec: DeltaSink, ctx: SinkContext) -> None:
+        self.spec = spec
+        self.specs = (spec,)
+        self.ctx = ctx
+        self.table = DeltaTableSink(ctx.job.name, spec.name, ctx.settings.lake / spec.table)
+
+    def prepare(self) -> None:
+        # The table is created by the first commit, from the data's schema.
+        return None
+
+    def epoch_floor(self) -> int:
+        return self.table.fenced_by()
+
+    def claim_epoch(self, epoch: int) -> None:
+        self.table.claim_epoch(epoch)
+
+    def held(self, window_ids: Sequence[int]) -> dict[str, set[int]]:
+        through = self.table.committed_through()
+        return {self.spec.name: {w for w in window_ids if w <= through}}
+
+    def committed_through(self) -> dict[str, int]:
+        return {self.spec.name: self.table.committed_through()}
+
+    def recorded_windows(self) -> list[RecordedWindow]:
+        return [
+            RecordedWindow(
+                int(entry[f"{META_PREFIX}window_id"]),
+                json.loads(entry[f"{META_PREFIX}offsets"]),
+                int(entry[f"{META_PREFIX}epoch"]),
+            )
+            for entry in self.table.history()
+        ]
+
+    def commit(
+        self,
+        window: Window,
+        outputs: Mapping[str, DataFrame],
+        sinks: Sequence[str],
+        *,
+        epoch: int,
+        run_id: str,
+        exactly_once: bool,
+    ) -> dict[str, SinkOutcome]:
+        if self.spec.name not in sinks:
+            return {}
+        started = time.monotonic()
+        commit = self.table.commit_window(
+            outputs[self.spec.output],
+            window_id=window.window_id,
+            epoch=epoch,
+            run_id=run_id,
+            offsets=window.offsets,
+            exactly_once=exactly_once,
+        )
+        return {
+            self.spec.name: SinkOutcome(
+                self.spec.name,
+                committed=not commit.already_committed,
+                already_committed=commit.already_committed,
+                rows=commit.rows,
+                delta_version=commit.version,
+                latency_s=time.monotonic() - started,
+            )
+        }
+
+    def check_restate(self, window: Window) -> None:
+        if self.table.committed_through() < window.window_id:
+            raise SinkError(
+                f"sink {self.spec.name}: window {window.window_id} is not committed yet; run the "
+                "job first, then restate it."
+            )
+        names = {f.name for f in self.table.table().schema().fields}
+        if "_window_id" not in names:
+            raise SinkError(
+                f"sink {self.spec.name}: its rows have no `_window_id` column, so a window's "
+                "rows cannot be found to restate them; add it in the transform."
+            )
+
+    def restate(
+        self,
+        window: Window,
+        outputs: Mapping[str, DataFrame],
+        *,
+        epoch: int,
+        run_id: str,
+        seq: int,
+    ) -> dict[str, SinkOutcome]:
+        started = time.monotonic()
+        commit = self.table.replace_window(
+            outputs[self.spec.output],
+            window_id=window.window_id,
+            epoch=epoch,
+            run_id=run_id,
+            restate_seq=seq,
+        )
+        return {
+            self.spec.name: SinkOutcome(
+                self.spec.name,
+                committed=not commit.already_committed,
+                already_committed=commit.already_committed,
+                rows=commit.rows,
+                delta_version=commit.version,
+                latency_s=time.monotonic() - started,
+            )
+        }
+
+    def restated_through(self) -> int:
+        return self.table.restated_through()
+
+    def seen_keys(
+        self,
+        spark: SparkSession,
+        sink: str,
+        keys: Sequence[str],
+        *,
+        before: int | None = None,
+        only: Sequence[int] | None = None,
+    ) -> DataFrame | None:
+        from pyspark.sql import functions as F
+
+        if not self.table.exists():
+            return None
+        rows = read_snapshot(spark, self.table.table(), str(self.table.path))
+        if before is not None:
+            rows = rows.where(F.col("_window_id") < before)
+        if only is not None:
+            rows = rows.where(F.col("_window_id").isin(sorted(only)))
+        return rows.groupBy(*keys).agg(F.min("_window_id").alias("__seen_in"))
+
+    def reconcile(
+        self,
+        spark: SparkSession,
+        sink: str,
+        expected: DataFrame | None,
+        scope: ReconcileScope,
+        *,
+        epoch: int | None,
+        run_id: str,
+        workdir: Path,
+    ) -> SinkReconcile:
+        from pyspark.sql import functions as F
+
+        if not self.table.exists():
+            return SinkReconcile(
+                None, "the Delta table does not exist yet", frozenset(), frozenset()
+            )
+        table = self.table.table()
+        through = table.transaction_version(self.table.app_id) or 0
+        committed = frozenset(w for w in scope.windows if w <= through)
+        schema = spark_schema(table)
+        columns = [f.name for f in schema.fields]  # type: ignore[attr-defined]
+        window_col = "_window_id" if "_window_id" in columns else None
+        if window_col is None and scope.unverifiable:
+            return SinkReconcile(None, "holds rows of unverifiable windows", committed, frozenset())
+        since = scope.since if window_col else 0
+        compare = frozenset(w for w in committed if w > since and w not in scope.unverifiable)
+        if expected is None:
+            expected = spark.createDataFrame([], schema).withColumn(  # type: ignore[arg-type]
+                WINDOW_COL, F.lit(None).cast("bigint")
+            )
+        expected = expected.where(
+            F.col(WINDOW_COL).isin(sorted(compare)) if compare else F.lit(False)
+        ).select(*[F.col(f.name).cast(f.dataType) for f in schema.fields])  # type: ignore[attr-defined]
+
+        def prepare_actual(actual: DataFrame) -> DataFrame:
+            if window_col is None:
+                return actual
+            column = F.col(window_col)
+            keep = column > since
+            if scope.unverifiable:
+                keep = keep & ~column.isin(sorted(scope.unverifiable))
+            return actual.where(column.isNull() | keep)
+
+        diff = reconcile_delta(
+            spark,
+            self.table,
+            table,
+            expected,
+            prepare_actual=prepare_actual,
+            workdir=workdir,
+            epoch=epoch,
+            run_id=run_id,
+        )
+        return SinkReconcile(diff, None, committed, compare if window_col else frozenset())
+
+    def check_retention(self, oldest_window: datetime | None) -> None:
+        """Refuse when the table may forget its window records before the oldest window.
+
+        A Delta table drops application transactions older than its
+        `delta.setTransactionRetentionDuration` when it checkpoints; a sink that forgot them
+        looks as if it held no window, and a replay would write committed windows again.
+        """
+        if not self.table.exists():
+            return
+        value = self.table.table().metadata().configuration.get(RETENTION_PROPERTY)
+        if value is None:
+            return
+        oldest = oldest_window
+        for entry in self.table.history():
+            committed = datetime.fromtimestamp(int(entry["timestamp"]) / 1000, timezone.utc)
+            oldest = committed if oldest is None else min(oldest, committed)
+            break  # history() is in window order: the first entry is the oldest window
+        if oldest is None:
+            return
+        horizon = datetime.now(timezone.utc) - oldest
+        retention = parse_interval(value)
+        if retention < horizon:
+            raise ConfigurationError(
+                f"Delta table {self.table.path} sets {RETENTION_PROPERTY} = {value!r}, shorter "
+                f"than the job's replay horizon ({horizon.days} day(s), the age of its oldest "
+                "window): the table may forget which windows it holds, and a replay would write "
+                "them again. Remove the property or set it longer than the horizon "
+                "(DeltaTable(...).alter.set_table_properties)."
+            )
+
+    def data_version(self, sink: str) -> int | None:
+        """The version holding the newest window commit (epoch claims move the table's version
+        without moving its data)."""
+        if not self.table.exists():
+            return None
+        table = self.table.table()
+        for entry in table.history(limit=RECENT_COMMITS):
+            if entry.get(f"{META_PREFIX}window_id") is not None and "version" in entry:
+                return int(entry["version"])
+        return int(table.version())
+
+    def quality_targets(self) -> list[Target]:
+        from onceflow._identifiers import delta_app_id
+        from onceflow.quality import DeltaTableTarget
+
+        job = self.ctx.job
+        key = job.dedupe.key if job.dedupe else ()
+        if not key:
+            return []
+        regex: dict[str, str] = dict(job.metadata.get("regex", {}))
+        return [
+            DeltaTableTarget(
+                sink=self.spec.name,
+                path=str(self.table.path),
+                key=key,
+                expected_output=self.spec.output,
+                app_id=delta_app_id(job.name, self.spec.name),
+                not_null=key,
+                regex=regex,
+            )
+        ]
+
+    def status(self) -> dict[str, dict[str, Any]]:
+        return {
+            self.spec.name: {
+                "kind": self.kind,
+                "table": str(self.table.path),
+                "committed_through": self.table.committed_through(),
+            }
+        }

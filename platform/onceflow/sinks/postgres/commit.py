@@ -1,0 +1,667 @@
+"""The PostgreSQL commit protocol: one transaction per window for all of a job's PostgreSQL sinks.
+
+1. Executors COPY each sink's rows into an UNLOGGED staging table (one per window, sink and
+   epoch) and report how many rows they wrote, so no window is collected onto the driver.
+2. One transaction on the driver: lock the job row if this run's epoch is still current (the
+   fence); for each sink, skip it if its marker for the window exists, check that its staging
+   table still holds every staged row (a server crash-restart empties UNLOGGED tables: then
+   stage again), move the rows into the table (append, upsert or accumulate; an accumulating
+   sink also records the window's contribution, so a restatement can take it back), and insert
+   the marker `onceflow.sink_commits`; then COMMIT, with `synchronous_commit = on`.
+3. If COMMIT gets no answer, reconnect and decide by the markers: they are the authority. The
+   saved `pg_current_xact_id()` is only used to wait while the transaction is `in progress`;
+   after a server crash an xid may be reused, so it never decides "committed" on its own.
+
+A restatement uses the same transaction shape with `onceflow.restate_commits` markers: keyed
+sinks lose the window's rows and get the new ones; accumulating sinks get the new contribution
+minus the recorded old one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg import sql
+
+from onceflow import faults
+from onceflow._identifiers import session_name
+from onceflow.errors import CommitUnknownError, FencedError, SinkError, TransientSinkError
+from onceflow.postgres import connect
+from onceflow.sinks.postgres.spec import PostgresSink
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame
+
+    from onceflow.ledger import Ledger
+
+_log = logging.getLogger(__name__)
+
+# How long to keep trying to learn the outcome of a COMMIT that got no answer.
+RESOLVE_TIMEOUT_S = 120.0
+# Attempts at a window's commit when the connection breaks before COMMIT was sent.
+COMMIT_ATTEMPTS = 5
+
+PROTOCOL_DDL = """
+CREATE SCHEMA IF NOT EXISTS onceflow;
+CREATE TABLE IF NOT EXISTS onceflow.sink_commits (
+    job text NOT NULL,
+    sink text NOT NULL,
+    window_id bigint NOT NULL,
+    epoch bigint NOT NULL,
+    xid xid8 NOT NULL,
+    run_id text,
+    offsets jsonb NOT NULL,
+    rows_written bigint NOT NULL,
+    committed_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (job, sink, window_id)
+);
+CREATE TABLE IF NOT EXISTS onceflow.restate_commits (
+    job text NOT NULL,
+    sink text NOT NULL,
+    seq bigint NOT NULL,
+    xid xid8 NOT NULL,
+    rows_written bigint NOT NULL,
+    committed_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (job, sink, seq)
+);
+CREATE TABLE IF NOT EXISTS onceflow.contributions (
+    job text NOT NULL,
+    sink text NOT NULL,
+    window_id bigint NOT NULL,
+    key jsonb NOT NULL,
+    amounts jsonb NOT NULL,
+    PRIMARY KEY (job, sink, window_id, key)
+);
+"""
+
+_INSERT_MARKER = (
+    "INSERT INTO onceflow.sink_commits (job, sink, window_id, epoch, xid, run_id, offsets,"
+    " rows_written) VALUES (%s, %s, %s, %s, pg_current_xact_id(), %s, %s, %s)"
+)
+# Without marker checks (at_least_once) a replay writes again; the marker counts every write.
+_UPSERT_MARKER = (
+    _INSERT_MARKER + " ON CONFLICT (job, sink, window_id) DO UPDATE SET epoch = EXCLUDED.epoch,"
+    " xid = EXCLUDED.xid, run_id = EXCLUDED.run_id,"
+    " rows_written = onceflow.sink_commits.rows_written + EXCLUDED.rows_written,"
+    " committed_at = now()"
+)
+
+
+@dataclass(frozen=True)
+class Marker:
+    """The commit record of one window (or one restatement of it) in one sink."""
+
+    job: str
+    sink: str
+    window_id: int
+    restate_seq: int | None = None
+
+    def epoch_of(self, conn: psycopg.Connection) -> int | None:
+        """The epoch that wrote this marker (0 for a restatement's), or None if there is none."""
+        if self.restate_seq is not None:
+            return 0 if self.exists(conn) else None
+        row = conn.execute(
+            "SELECT epoch FROM onceflow.sink_commits WHERE job = %s AND sink = %s AND window_id = %s",
+            (self.job, self.sink, self.window_id),
+        ).fetchone()
+        return None if row is None else int(row[0])
+
+    def exists(self, conn: psycopg.Connection) -> bool:
+        if self.restate_seq is None:
+            query = (
+                "SELECT 1 FROM onceflow.sink_commits"
+                " WHERE job = %s AND sink = %s AND window_id = %s"
+            )
+            params: tuple[Any, ...] = (self.job, self.sink, self.window_id)
+        else:
+            query = (
+                "SELECT 1 FROM onceflow.restate_commits WHERE job = %s AND sink = %s AND seq = %s"
+            )
+            params = (self.job, self.sink, self.restate_seq)
+        return conn.execute(query, params).fetchone() is not None
+
+    def insert(
+        self,
+        conn: psycopg.Connection,
+        epoch: int,
+        run_id: str,
+        offsets: dict[str, Any],
+        rows: int,
+        *,
+        exactly_once: bool,
+    ) -> None:
+        if self.restate_seq is not None:
+            conn.execute(
+                "INSERT INTO onceflow.restate_commits (job, sink, seq, xid, rows_written)"
+                " VALUES (%s, %s, %s, pg_current_xact_id(), %s)",
+                (self.job, self.sink, self.restate_seq, rows),
+            )
+            return
+        conn.execute(
+            _INSERT_MARKER if exactly_once else _UPSERT_MARKER,
+            (self.job, self.sink, self.window_id, epoch, run_id, json.dumps(offsets), rows),
+        )
+
+
+@dataclass(frozen=True)
+class Staged:
+    """One sink's rows of one window, copied into a staging table by the executors."""
+
+    spec: PostgresSink
+    table: str  # the staging table's name in schema onceflow
+    rows: int
+
+    @property
+    def ident(self) -> sql.Identifier:
+        return sql.Identifier("onceflow", self.table)
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What the transaction did for one sink."""
+
+    sink: str
+    rows: int  # rows written (inserted, replaced or updated)
+    already_committed: bool
+
+
+def copy_partition(dsn: str, app_name: str, schema: str, table: str, columns: list[str]) -> Any:
+    """A mapInArrow function: COPY each executor partition into `schema.table`."""
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import psycopg
+        import pyarrow as pa
+        import pyarrow.csv as pacsv
+        from psycopg import sql
+
+        total = 0
+        statement = sql.SQL("COPY {}.{} ({}) FROM STDIN (FORMAT csv)").format(
+            sql.Identifier(schema),
+            sql.Identifier(table),
+            sql.SQL(", ").join(sql.Identifier(c) for c in columns),
+        )
+        options = pacsv.WriteOptions(include_header=False, quoting_style="needed")
+        with psycopg.connect(dsn, application_name=app_name) as conn:
+            with conn.cursor() as cur, cur.copy(statement) as copy:
+                for batch in batches:
+                    if batch.num_rows == 0:
+                        continue
+                    buffer = io.BytesIO()
+                    pacsv.write_csv(pa.Table.from_batches([batch]), buffer, options)
+                    copy.write(buffer.getvalue())
+                    total += batch.num_rows
+            conn.commit()
+        yield pa.RecordBatch.from_pydict({"rows": [total]})
+
+    return run
+
+
+def copy_frame(dsn: str, app_name: str, table: str, columns: list[str], df: DataFrame) -> int:
+    """COPY `df`'s `columns` into `onceflow.<table>` on the executors; return the rows copied."""
+    copier = copy_partition(dsn, app_name, "onceflow", table, columns)
+    row = df.select(*columns).mapInArrow(copier, "rows long").groupBy().sum("rows").first()
+    return int(row[0] or 0) if row is not None else 0
+
+
+def _staging_name(job: str, sink: str, window_id: int, epoch: int, tag: str) -> str:
+    digest = hashlib.sha1(f"{job}/{sink}/{window_id}/{epoch}/{tag}".encode()).hexdigest()[:20]
+    return f"stage_{digest}"
+
+
+class Transaction:
+    """Commits one window (or one restatement) to several PostgreSQL sinks of one job at once."""
+
+    def __init__(self, job: str, dsn: str, ledger: Ledger) -> None:
+        self.job = job
+        self._dsn = dsn
+        self.ledger = ledger
+
+    # -- staging ------------------------------------------------------------------------------
+
+    def stage(
+        self, spec: PostgresSink, df: DataFrame, window_id: int, epoch: int, tag: str
+    ) -> Staged:
+        """Create the sink's staging table and have the executors COPY `df` into it."""
+        name = _staging_name(self.job, spec.name, window_id, epoch, tag)
+        staging = sql.Identifier("onceflow", name)
+        columns = [
+            sql.SQL("{} {}").format(
+                sql.Identifier(col),
+                # Accumulated deltas are summed exactly; the cast back to the column's type
+                # happens on the final value, so a window cannot overflow halfway.
+                sql.SQL("numeric") if col in spec.accumulate else sql.SQL(pg_type),
+            )
+            for col, pg_type in spec.columns.items()
+        ]
+        app = session_name(self.job, epoch)
+        try:
+            with connect(self._dsn, application_name=app) as conn:
+                conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(staging))
+                conn.execute(
+                    sql.SQL("CREATE UNLOGGED TABLE {} ({})").format(
+                        staging, sql.SQL(", ").join(columns)
+                    )
+                )
+                conn.commit()
+        except psycopg.OperationalError as exc:
+            raise TransientSinkError(f"staging table: {type(exc).__name__}") from None
+        try:
+            rows = copy_frame(self._dsn, app, name, list(spec.columns), df)
+        except Exception as exc:
+            raise TransientSinkError(
+                f"copy into staging failed on an executor ({type(exc).__name__})"
+            ) from None
+        return Staged(spec, name, rows)
+
+    def drop(self, staged: Sequence[Staged]) -> None:
+        try:
+            with connect(self._dsn, autocommit=True) as conn:
+                for item in staged:
+                    conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(item.ident))
+        except Exception:  # staging litter is harmless; the next run drops it
+            _log.debug("could not drop staging tables", exc_info=True)
+
+    # -- the transaction ----------------------------------------------------------------------
+
+    def run(
+        self,
+        staged: Sequence[Staged],
+        *,
+        window_id: int,
+        epoch: int,
+        run_id: str,
+        offsets: dict[str, Any],
+        exactly_once: bool,
+        restate_seq: int | None = None,
+    ) -> tuple[list[Applied], str | None]:
+        """Apply every staged sink in one transaction; return what each did and the xid.
+
+        Raises:
+            TransientSinkError: The connection broke before COMMIT, or a staging table lost
+                rows: stage again and retry.
+            FencedError: A newer run took over.
+            SinkError: PostgreSQL refused the window; nothing was written.
+        """
+        markers = {
+            s.spec.name: Marker(self.job, s.spec.name, window_id, restate_seq) for s in staged
+        }
+        fenced = exactly_once or restate_seq is not None
+        conn = self.ledger.connect(epoch)
+        xid: str | None = None
+        commit_sent = False
+        applied: list[Applied] = []
+        try:
+            conn.execute("SET LOCAL synchronous_commit = on")
+            if fenced:
+                self.ledger.fence(conn, epoch)
+            for item in staged:
+                marker = markers[item.spec.name]
+                if fenced and marker.exists(conn):
+                    applied.append(Applied(item.spec.name, 0, True))
+                    continue
+                self._check_staged(conn, item)
+                if restate_seq is None:
+                    rows, added = _apply(conn, item.spec, item.ident, self.job, window_id)
+                else:
+                    rows, added = _restate(conn, item.spec, item.ident, self.job, window_id)
+                # The marker records the rows the window added to the table, so the table's
+                # row count can be checked against the markers.
+                marker.insert(conn, epoch, run_id, offsets, added, exactly_once=exactly_once)
+                applied.append(Applied(item.spec.name, rows, False))
+            if all(a.already_committed for a in applied):
+                conn.rollback()
+                return applied, None
+            row = conn.execute("SELECT pg_current_xact_id()::text").fetchone()
+            assert row is not None
+            xid = str(row[0])
+            faults.point("before_pg_commit", window_id)
+            if faults.armed("pg_commit_sent", window_id):
+                conn.pgconn.send_query(b"COMMIT")
+                conn.pgconn.flush()
+                faults.point("pg_commit_sent", window_id)
+            commit_sent = True
+            conn.commit()
+        except psycopg.OperationalError as exc:
+            if not commit_sent or xid is None:
+                raise TransientSinkError(
+                    f"connection lost before COMMIT ({type(exc).__name__})"
+                ) from None
+            _log.warning("window %d: COMMIT got no answer; deciding by the markers", window_id)
+            first = next(a for a in applied if not a.already_committed)
+            if not self._resolve(markers[first.sink], xid, epoch):
+                raise TransientSinkError("COMMIT was not applied by the server") from None
+            return applied, xid
+        except psycopg.errors.LockNotAvailable:
+            conn.rollback()
+            raise TransientSinkError("lock wait timed out") from None
+        except psycopg.errors.NumericValueOutOfRange:
+            conn.rollback()
+            raise SinkError(
+                f"job {self.job}: window {window_id} would take a value past its column's range "
+                "(an accumulated total no longer fits); nothing was written. Widen the column or "
+                "restate the window."
+            ) from None
+        except (TransientSinkError, FencedError):
+            conn.rollback()
+            raise
+        except psycopg.Error as exc:
+            # The server's message and DETAIL quote row values (payments are sensitive): keep
+            # only the error class and SQLSTATE.
+            conn.rollback()
+            names = ", ".join(f"{s.spec.schema}.{s.spec.table}" for s in staged)
+            raise SinkError(
+                f"job {self.job}: PostgreSQL refused window {window_id} ({type(exc).__name__}, "
+                f"SQLSTATE {exc.sqlstate}); nothing was written. Check the tables {names} for "
+                "constraints or changes made outside onceflow."
+            ) from None
+        finally:
+            conn.close()
+        return applied, xid
+
+    def _check_staged(self, conn: psycopg.Connection, item: Staged) -> None:
+        row = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(item.ident)).fetchone()
+        held = int(row[0]) if row else 0
+        if held != item.rows:
+            # An UNLOGGED table is emptied by a server crash-restart; never apply what is left.
+            raise TransientSinkError(
+                f"staging table of {item.spec.name} holds {held} of {item.rows} rows "
+                "(the server restarted?); staging again"
+            )
+
+    def _resolve(self, marker: Marker, xid: str, epoch: int) -> bool:
+        """Decide whether the transaction `xid` that carried `marker` committed."""
+        deadline = time.monotonic() + RESOLVE_TIMEOUT_S
+        delay = 0.1
+        while time.monotonic() < deadline:
+            try:
+                with connect(self._dsn) as conn:
+                    written_by = marker.epoch_of(conn)
+                    if written_by is not None:
+                        if written_by > epoch:
+                            # A newer run wrote the window: ours did not commit, and this run
+                            # has been fenced.
+                            raise FencedError(
+                                f"job {self.job!r}: this run (epoch {epoch}) was fenced by a "
+                                f"newer run (epoch {written_by}), which committed window "
+                                f"{marker.window_id}; it stopped without writing."
+                            )
+                        return True
+                    try:
+                        status = conn.execute("SELECT pg_xact_status(%s::xid8)", (xid,)).fetchone()
+                    except psycopg.Error:
+                        conn.rollback()
+                        status = None
+                    if status is None or status[0] != "in progress":
+                        return False
+            except FencedError:
+                raise
+            except Exception as exc:  # the server may be restarting: keep asking until the deadline
+                _log.info("resolving window %d: %s; retrying", marker.window_id, type(exc).__name__)
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
+        raise CommitUnknownError(
+            f"job {self.job}: could not learn whether window {marker.window_id} committed within "
+            f"{RESOLVE_TIMEOUT_S:.0f}s; the server is unreachable. Run the job again: it decides "
+            "by the commit markers."
+        )
+
+
+# -- the SQL of each mode -----------------------------------------------------------------------
+
+
+def _target(spec: PostgresSink) -> sql.Identifier:
+    return sql.Identifier(spec.schema, spec.table)
+
+
+def _keys_match(spec: PostgresSink, left: str, right: str) -> sql.Composable:
+    return sql.SQL(" AND ").join(
+        sql.SQL("{}.{} = {}.{}").format(
+            sql.Identifier(left), sql.Identifier(k), sql.Identifier(right), sql.Identifier(k)
+        )
+        for k in spec.key
+    )
+
+
+def _apply(
+    conn: psycopg.Connection, spec: PostgresSink, staging: sql.Composable, job: str, window_id: int
+) -> tuple[int, int]:
+    """Move the staged rows into the sink's table; return the rows written and added."""
+    if spec.mode == "accumulate":
+        _save_contribution(conn, spec, staging, job, window_id)
+        return _accumulate(conn, spec, _summed(spec, staging))
+    cols = list(spec.columns)
+    col_list = sql.SQL(", ").join(sql.Identifier(c) for c in cols)
+    target = _target(spec)
+    if spec.mode == "append":
+        rows = conn.execute(
+            sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {}").format(
+                target, col_list, col_list, staging
+            )
+        ).rowcount
+        return rows, rows
+    others = [c for c in cols if c not in spec.key]
+    action = (
+        sql.SQL("DO UPDATE SET {}").format(
+            sql.SQL(", ").join(
+                sql.SQL("{} = EXCLUDED.{}").format(sql.Identifier(c), sql.Identifier(c))
+                for c in others
+            )
+        )
+        if others
+        else sql.SQL("DO NOTHING")
+    )
+    if others and spec.window_column is not None:
+        # The row of the latest window wins, also when an earlier window is restated (or
+        # replayed) after a later one updated the same key.
+        action = sql.SQL("{} WHERE COALESCE(t.{} <= EXCLUDED.{}, true)").format(
+            action, sql.Identifier(spec.window_column), sql.Identifier(spec.window_column)
+        )
+    # xmax = 0 marks a row this statement inserted rather than replaced.
+    row = conn.execute(
+        sql.SQL(
+            "WITH w AS (INSERT INTO {} AS t ({}) SELECT {} FROM {} ON CONFLICT ({}) {}"
+            " RETURNING (xmax = 0) AS inserted)"
+            " SELECT count(*), count(*) FILTER (WHERE inserted) FROM w"
+        ).format(
+            target,
+            col_list,
+            col_list,
+            staging,
+            sql.SQL(", ").join(sql.Identifier(k) for k in spec.key),
+            action,
+        )
+    ).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
+def _summed(spec: PostgresSink, rows: sql.Composable) -> sql.Composable:
+    """`rows` (a relation with the sink's columns) summed by key: one row per key.
+
+    UPDATE … FROM uses only one of several matching rows, so an accumulating window must reach
+    the table with each key once.
+    """
+    others = [c for c in spec.columns if c not in spec.key and c not in spec.accumulate]
+    return sql.SQL("(SELECT {} FROM {} AS r GROUP BY {})").format(
+        sql.SQL(", ").join(
+            [
+                *(sql.Identifier(k) for k in spec.key),
+                *(
+                    sql.SQL("sum({}::numeric) AS {}").format(sql.Identifier(c), sql.Identifier(c))
+                    for c in spec.accumulate
+                ),
+                *(
+                    sql.SQL("max({}) AS {}").format(sql.Identifier(c), sql.Identifier(c))
+                    for c in others
+                ),
+            ]
+        ),
+        rows,
+        sql.SQL(", ").join(sql.Identifier(k) for k in spec.key),
+    )
+
+
+def _accumulate(
+    conn: psycopg.Connection, spec: PostgresSink, delta: sql.Composable
+) -> tuple[int, int]:
+    """Add `delta` (one row per key, numeric amounts) into the table; drop rows back at zero.
+
+    Returns the rows written and the rows the table gained (inserted minus deleted)."""
+    target = _target(spec)
+    sets = [
+        sql.SQL("{} = (t.{}::numeric + s.{})::{}").format(
+            sql.Identifier(c), sql.Identifier(c), sql.Identifier(c), sql.SQL(spec.columns[c])
+        )
+        for c in spec.accumulate
+    ]
+    others = [c for c in spec.columns if c not in spec.key and c not in spec.accumulate]
+    sets += [sql.SQL("{} = s.{}").format(sql.Identifier(c), sql.Identifier(c)) for c in others]
+    match = _keys_match(spec, "t", "s")
+    conn.execute(
+        sql.SQL("CREATE TEMP TABLE __delta ON COMMIT DROP AS SELECT * FROM {}").format(delta)
+    )
+    updated = conn.execute(
+        sql.SQL("UPDATE {} AS t SET {} FROM __delta AS s WHERE {}").format(
+            target, sql.SQL(", ").join(sets), match
+        )
+    ).rowcount
+    col_list = sql.SQL(", ").join(sql.Identifier(c) for c in spec.columns)
+    casts = sql.SQL(", ").join(
+        sql.SQL("s.{}::{}").format(sql.Identifier(c), sql.SQL(t)) for c, t in spec.columns.items()
+    )
+    inserted = conn.execute(
+        sql.SQL(
+            "INSERT INTO {} ({}) SELECT {} FROM __delta AS s"
+            " WHERE NOT EXISTS (SELECT 1 FROM {} AS t WHERE {})"
+        ).format(target, col_list, casts, target, match)
+    ).rowcount
+    # A row whose accumulated columns all come back to zero holds nothing (every payment of a
+    # day retracted): it goes, so the table equals the sums over what is there.
+    deleted = conn.execute(
+        sql.SQL("DELETE FROM {} AS t USING __delta AS s WHERE {} AND {}").format(
+            target,
+            match,
+            sql.SQL(" AND ").join(
+                sql.SQL("t.{} = 0").format(sql.Identifier(c)) for c in spec.accumulate
+            ),
+        )
+    ).rowcount
+    conn.execute("DROP TABLE __delta")
+    return updated + inserted, inserted - deleted
+
+
+def _contribution(spec: PostgresSink, job: str, window_id: int) -> sql.Composable:
+    """The recorded contribution of a window to an accumulating sink, as a relation."""
+    items = [
+        sql.SQL("(c.key ->> {})::{} AS {}").format(
+            sql.Literal(i), sql.SQL(spec.columns[k]), sql.Identifier(k)
+        )
+        for i, k in enumerate(spec.key)
+    ]
+    items += [
+        sql.SQL("(c.amounts ->> {})::numeric AS {}").format(sql.Literal(i), sql.Identifier(a))
+        for i, a in enumerate(spec.accumulate)
+    ]
+    return sql.SQL(
+        "(SELECT {} FROM onceflow.contributions AS c"
+        " WHERE c.job = {} AND c.sink = {} AND c.window_id = {})"
+    ).format(
+        sql.SQL(", ").join(items), sql.Literal(job), sql.Literal(spec.name), sql.Literal(window_id)
+    )
+
+
+def _save_contribution(
+    conn: psycopg.Connection, spec: PostgresSink, staging: sql.Composable, job: str, window_id: int
+) -> None:
+    """Record what the window adds to an accumulating sink, in the commit's own transaction."""
+    conn.execute(
+        "DELETE FROM onceflow.contributions WHERE job = %s AND sink = %s AND window_id = %s",
+        (job, spec.name, window_id),
+    )
+    conn.execute(
+        sql.SQL(
+            "INSERT INTO onceflow.contributions (job, sink, window_id, key, amounts)"
+            " SELECT {}, {}, {}, jsonb_build_array({}), jsonb_build_array({})"
+            " FROM {} AS r GROUP BY {}"
+        ).format(
+            sql.Literal(job),
+            sql.Literal(spec.name),
+            sql.Literal(window_id),
+            sql.SQL(", ").join(sql.Identifier(k) for k in spec.key),
+            sql.SQL(", ").join(
+                sql.SQL("sum({}::numeric)").format(sql.Identifier(a)) for a in spec.accumulate
+            ),
+            staging,
+            sql.SQL(", ").join(sql.Identifier(k) for k in spec.key),
+        )
+    )
+
+
+def has_contribution(conn: psycopg.Connection, job: str, sink: str, window_id: int) -> bool:
+    """Whether the window's contribution to an accumulating sink is on record."""
+    return (
+        conn.execute(
+            "SELECT 1 FROM onceflow.contributions WHERE job = %s AND sink = %s AND window_id = %s"
+            " LIMIT 1",
+            (job, sink, window_id),
+        ).fetchone()
+        is not None
+        or conn.execute(
+            "SELECT 1 FROM onceflow.sink_commits WHERE job = %s AND sink = %s AND window_id = %s"
+            " AND rows_written = 0",
+            (job, sink, window_id),
+        ).fetchone()
+        is not None
+    )
+
+
+def _restate(
+    conn: psycopg.Connection, spec: PostgresSink, staging: sql.Composable, job: str, window_id: int
+) -> tuple[int, int]:
+    """Replace the window's effect in the sink by the staged rows; return the rows written and
+    the table's net change in rows."""
+    if spec.mode == "accumulate":
+        new = sql.SQL("(SELECT {} FROM {} AS n)").format(
+            sql.SQL(", ").join(sql.Identifier(c) for c in spec.columns), staging
+        )
+        old = _contribution(spec, job, window_id)
+        negated = sql.SQL("(SELECT {} FROM {} AS o)").format(
+            sql.SQL(", ").join(
+                [
+                    *(sql.Identifier(k) for k in spec.key),
+                    *(sql.SQL("-{}").format(sql.Identifier(a)) for a in spec.accumulate),
+                    *(
+                        sql.SQL("NULL::{}").format(sql.SQL(spec.columns[c]))
+                        for c in spec.columns
+                        if c not in spec.key and c not in spec.accumulate
+                    ),
+                ]
+            ),
+            old,
+        )
+        ordered = [*spec.key, *spec.accumulate]
+        ordered += [c for c in spec.columns if c not in ordered]
+        both = sql.SQL("(SELECT {} FROM {} AS n UNION ALL SELECT * FROM {} AS o)").format(
+            sql.SQL(", ").join(sql.Identifier(c) for c in ordered), new, negated
+        )
+        rows = _accumulate(conn, spec, _summed(spec, both))
+        _save_contribution(conn, spec, staging, job, window_id)
+        return rows
+    assert spec.window_column is not None  # checked by the group before any change
+    where = sql.SQL("{} = {}").format(sql.Identifier(spec.window_column), sql.Literal(window_id))
+    if spec.job_column is not None:
+        where = sql.SQL("{} AND {} = {}").format(
+            where, sql.Identifier(spec.job_column), sql.Literal(job)
+        )
+    deleted = conn.execute(sql.SQL("DELETE FROM {} WHERE {}").format(_target(spec), where)).rowcount
+    rows, added = _apply(conn, spec, staging, job, window_id)
+    return rows, added - deleted

@@ -1,0 +1,422 @@
+"""The PostgreSQL sink group: every PostgreSQL sink of one job, committed in one transaction."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from functools import reduce
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from psycopg import sql
+from psycopg.rows import tuple_row
+
+from onceflow.errors import SinkError, TransientSinkError
+from onceflow.postgres import connect
+from onceflow.sinks.base import (
+    ReconcileScope,
+    RecordedWindow,
+    SinkContext,
+    SinkGroup,
+    SinkOutcome,
+    SinkReconcile,
+)
+from onceflow.sinks.postgres._reconcile import reconcile_postgres
+from onceflow.sinks.postgres.commit import (
+    COMMIT_ATTEMPTS,
+    PROTOCOL_DDL,
+    Applied,
+    Staged,
+    Transaction,
+    has_contribution,
+)
+from onceflow.sinks.postgres.spec import PostgresSink, spark_schema
+from onceflow.windows import WINDOW_COL
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from onceflow.ledger import Window
+    from onceflow.quality import Target
+
+_log = logging.getLogger(__name__)
+
+
+class PostgresGroup(SinkGroup):
+    """The PostgreSQL sinks of one job: one transaction per window, one marker per sink."""
+
+    kind = "postgres"
+
+    def __init__(self, specs: tuple[PostgresSink, ...], ctx: SinkContext) -> None:
+        self.specs = specs
+        self.by_name = {s.name: s for s in specs}
+        self.ctx = ctx
+        self.job = ctx.job.name
+        self._tx = Transaction(self.job, ctx.dsn, ctx.ledger)
+
+    # -- set-up -------------------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        with connect(self.ctx.dsn) as conn:
+            # Concurrent CREATE ... IF NOT EXISTS can still collide on the catalog; serialise.
+            conn.execute("SELECT pg_advisory_xact_lock(hashtext('onceflow.schema'))")
+            conn.execute(PROTOCOL_DDL)
+            for spec in self.specs:
+                _create_table(conn, spec)
+            conn.commit()
+
+    def epoch_floor(self) -> int:
+        with connect(self.ctx.dsn) as conn:
+            row = conn.execute(
+                "SELECT coalesce(max(epoch), 0) FROM onceflow.sink_commits WHERE job = %s",
+                (self.job,),
+            ).fetchone()
+        return int(row[0]) if row else 0
+
+    def claim_epoch(self, epoch: int) -> None:
+        # PostgreSQL sinks are fenced by the ledger's job row, which the new epoch has taken.
+        return None
+
+    # -- commit records -----------------------------------------------------------------------
+
+    def _markers(self, window_ids: Sequence[int] | None) -> list[tuple[Any, ...]]:
+        query = (
+            "SELECT sink, window_id, epoch, offsets FROM onceflow.sink_commits"
+            " WHERE job = %s AND sink = ANY(%s)"
+        )
+        params: list[Any] = [self.job, list(self.by_name)]
+        if window_ids is not None:
+            query += " AND window_id = ANY(%s)"
+            params.append(list(window_ids))
+        with connect(self.ctx.dsn) as conn, conn.cursor(row_factory=tuple_row) as cur:
+            return cur.execute(query, params).fetchall()
+
+    def held(self, window_ids: Sequence[int]) -> dict[str, set[int]]:
+        held: dict[str, set[int]] = {name: set() for name in self.by_name}
+        for sink, wid, _, _ in self._markers(window_ids):
+            held[sink].add(int(wid))
+        return held
+
+    def committed_through(self) -> dict[str, int]:
+        with connect(self.ctx.dsn) as conn:
+            rows = conn.execute(
+                "SELECT sink, max(window_id) FROM onceflow.sink_commits"
+                " WHERE job = %s AND sink = ANY(%s) GROUP BY sink",
+                (self.job, list(self.by_name)),
+            ).fetchall()
+        through = {name: 0 for name in self.by_name}
+        through.update({str(s): int(w) for s, w in rows})
+        return through
+
+    def recorded_windows(self) -> list[RecordedWindow]:
+        return [RecordedWindow(int(w), o, int(e)) for _, w, e, o in self._markers(None)]
+
+    # -- commit -------------------------------------------------------------------------------
+
+    def commit(
+        self,
+        window: Window,
+        outputs: Mapping[str, DataFrame],
+        sinks: Sequence[str],
+        *,
+        epoch: int,
+        run_id: str,
+        exactly_once: bool,
+    ) -> dict[str, SinkOutcome]:
+        todo = [self.by_name[n] for n in sinks if n in self.by_name]
+        if not todo:
+            return {}
+        return self._run(
+            window, outputs, todo, epoch=epoch, run_id=run_id, exactly_once=exactly_once
+        )
+
+    def _run(
+        self,
+        window: Window,
+        outputs: Mapping[str, DataFrame],
+        todo: list[PostgresSink],
+        *,
+        epoch: int,
+        run_id: str,
+        exactly_once: bool,
+        seq: int | None = None,
+    ) -> dict[str, SinkOutcome]:
+        started = time.monotonic()
+        outcomes: dict[str, SinkOutcome] = {}
+        last_error: Exception | None = None
+        for attempt in range(COMMIT_ATTEMPTS):
+            if exactly_once or seq is not None:
+                # A run that lost its sessions may have been fenced meanwhile: stop, don't write.
+                self.ctx.ledger.check_epoch(epoch)
+                if seq is None:
+                    held = self.held([window.window_id])
+                    for spec in [s for s in todo if window.window_id in held[s.name]]:
+                        outcomes[spec.name] = SinkOutcome(spec.name, False, True)
+                    todo = [s for s in todo if s.name not in outcomes]
+                    if not todo:
+                        return outcomes
+            staged: list[Staged] = []
+            try:
+                tag = f"r{seq}" if seq is not None else "w"
+                for spec in todo:
+                    staged.append(
+                        self._tx.stage(spec, outputs[spec.output], window.window_id, epoch, tag)
+                    )
+                applied, xid = self._tx.run(
+                    staged,
+                    window_id=window.window_id,
+                    epoch=epoch,
+                    run_id=run_id,
+                    offsets=window.offsets,
+                    exactly_once=exactly_once,
+                    restate_seq=seq,
+                )
+            except TransientSinkError as exc:
+                last_error = exc
+                _log.warning(
+                    "window %d: PostgreSQL attempt %d failed (%s); retrying",
+                    window.window_id,
+                    attempt + 1,
+                    exc,
+                )
+                time.sleep(min(2**attempt, 10))
+                continue
+            finally:
+                self._tx.drop(staged)
+            latency = time.monotonic() - started
+            outcomes.update(_outcomes(applied, xid, latency))
+            return outcomes
+        raise SinkError(
+            f"job {self.job}: window {window.window_id} could not be committed to PostgreSQL "
+            f"after {COMMIT_ATTEMPTS} attempts: {last_error}"
+        )
+
+    # -- restatement --------------------------------------------------------------------------
+
+    def check_restate(self, window: Window) -> None:
+        held = self.held([window.window_id])
+        with connect(self.ctx.dsn) as conn:
+            for spec in self.specs:
+                if window.window_id not in held[spec.name]:
+                    raise SinkError(
+                        f"sink {spec.name}: window {window.window_id} is not committed yet; run "
+                        "the job first, then restate it."
+                    )
+                if spec.mode == "accumulate":
+                    if not has_contribution(conn, self.job, spec.name, window.window_id):
+                        raise SinkError(
+                            f"sink {spec.name}: window {window.window_id}'s contribution is not "
+                            "on record, so it cannot be taken back; reconcile the sink instead."
+                        )
+                elif spec.window_column is None:
+                    raise SinkError(
+                        f"sink {spec.name}: has no window_column, so a window's rows cannot be "
+                        "found to restate them; declare one in the sink."
+                    )
+
+    def restate(
+        self,
+        window: Window,
+        outputs: Mapping[str, DataFrame],
+        *,
+        epoch: int,
+        run_id: str,
+        seq: int,
+    ) -> dict[str, SinkOutcome]:
+        return self._run(
+            window, outputs, list(self.specs), epoch=epoch, run_id=run_id, exactly_once=True,
+            seq=seq,
+        )  # fmt: skip
+
+    def restated(self, seq: int) -> bool:
+        """Whether restatement `seq` is applied here (one transaction: all sinks or none)."""
+        with connect(self.ctx.dsn) as conn:
+            row = conn.execute(
+                "SELECT 1 FROM onceflow.restate_commits WHERE job = %s AND seq = %s"
+                " AND sink = ANY(%s) LIMIT 1",
+                (self.job, seq, list(self.by_name)),
+            ).fetchone()
+        return row is not None
+
+    # -- reconcile ----------------------------------------------------------------------------
+
+    def reconcile(
+        self,
+        spark: SparkSession,
+        sink: str,
+        expected: DataFrame | None,
+        scope: ReconcileScope,
+        *,
+        epoch: int | None,
+        run_id: str,
+        workdir: Path,
+    ) -> SinkReconcile:
+        from pyspark.sql import functions as F
+        from pyspark.sql.types import _parse_datatype_string
+
+        spec = self.by_name[sink]
+        committed = frozenset(self.held(scope.windows)[sink])
+        schema = _parse_datatype_string(spark_schema(spec.columns))
+        accumulate = spec.mode == "accumulate"
+        window_col = spec.window_column
+        if window_col is None and scope.unverifiable:
+            return SinkReconcile(None, "holds rows of unverifiable windows", committed, frozenset())
+        since = scope.since if window_col is not None and not accumulate else 0
+        compare = frozenset(w for w in committed if w > since and w not in scope.unverifiable)
+        if expected is None:
+            expected = spark.createDataFrame([], schema).withColumn(
+                WINDOW_COL, F.lit(None).cast("bigint")
+            )
+        expected = expected.where(
+            F.col(WINDOW_COL).isin(sorted(compare)) if compare else F.lit(False)
+        )
+        if accumulate:
+            others = [c for c in spec.columns if c not in spec.key and c not in spec.accumulate]
+            expected = expected.groupBy(*spec.key).agg(
+                *[F.sum(F.col(c).cast("decimal(38,0)")).alias(c) for c in spec.accumulate],
+                *[F.max_by(F.col(c), F.col(WINDOW_COL)).alias(c) for c in others],
+            )
+            # The sink deletes a row whose accumulated columns all come back to zero.
+            expected = expected.where(
+                reduce(lambda a, b: a | b, [F.col(c) != 0 for c in spec.accumulate])
+            )
+        elif spec.mode == "upsert":
+            # A key updated by a later window holds only that window's row.
+            from pyspark.sql import Window as W
+
+            latest = W.partitionBy(*spec.key).orderBy(F.col(WINDOW_COL).desc())
+            expected = (
+                expected.withColumn("__latest", F.row_number().over(latest))
+                .where(F.col("__latest") == 1)
+                .drop("__latest")
+            )
+        expected = expected.select(*[F.col(f.name).cast(f.dataType) for f in schema.fields])
+
+        def prepare_actual(actual: DataFrame) -> DataFrame:
+            if window_col is None:
+                return actual
+            column = F.col(window_col)
+            keep = column > since
+            if scope.unverifiable:
+                keep = keep & ~column.isin(sorted(scope.unverifiable))
+            return actual.where(column.isNull() | keep)
+
+        diff = reconcile_postgres(
+            spark,
+            self.ctx.dsn,
+            self.ctx.ledger,
+            self.job,
+            spec,
+            expected,
+            prepare_actual=prepare_actual,
+            key=spec.key,
+            workdir=workdir,
+            epoch=epoch,
+            job_filter=self.job,
+        )
+        return SinkReconcile(
+            diff, None, committed, compare if window_col is not None else frozenset()
+        )
+
+    # -- the rest -----------------------------------------------------------------------------
+
+    def check_retention(self, oldest_window: datetime | None) -> None:
+        # Markers are rows: PostgreSQL never forgets them.
+        return None
+
+    def data_version(self, sink: str) -> int | None:
+        return None
+
+    def quality_targets(self) -> list[Target]:
+        from onceflow.quality import PostgresTableTarget, SumConsistency
+
+        job = self.ctx.job
+        regex: dict[str, str] = dict(job.metadata.get("regex", {}))
+        targets: list[Target] = [
+            PostgresTableTarget(
+                sink=spec.name,
+                schema=spec.schema,
+                table=spec.table,
+                key=spec.key,
+                expected_rows_from="none" if spec.mode == "accumulate" else "markers",
+                not_null=spec.key,
+                regex={c: p for c, p in regex.items() if c in spec.columns},
+                row_filter={spec.job_column: job.name} if spec.job_column else {},
+            )
+            for spec in self.specs
+            if spec.key
+        ]
+        for sink_name, rule in dict(job.metadata.get("sums", {})).items():
+            balances = self.by_name.get(sink_name)
+            source = self.by_name.get(rule["source_sink"])
+            if balances is None or source is None:
+                continue
+            targets.append(
+                SumConsistency(
+                    sink=sink_name,
+                    balances=(balances.schema, balances.table),
+                    group_keys=balances.key,
+                    total_col=rule["total"],
+                    count_col=rule["count"],
+                    source=(source.schema, source.table),
+                    amount_col=rule["amount"],
+                )
+            )
+        return targets
+
+    def status(self) -> dict[str, dict[str, Any]]:
+        with connect(self.ctx.dsn) as conn:
+            rows = conn.execute(
+                "SELECT sink, count(*), coalesce(max(window_id), 0) FROM onceflow.sink_commits"
+                " WHERE job = %s AND sink = ANY(%s) GROUP BY sink",
+                (self.job, list(self.by_name)),
+            ).fetchall()
+        counts = {str(s): (int(n), int(w)) for s, n, w in rows}
+        return {
+            spec.name: {
+                "kind": self.kind,
+                "table": f"{spec.schema}.{spec.table}",
+                "committed_windows": counts.get(spec.name, (0, 0))[0],
+                "committed_through": counts.get(spec.name, (0, 0))[1],
+            }
+            for spec in self.specs
+        }
+
+
+def _outcomes(applied: list[Applied], xid: str | None, latency: float) -> dict[str, SinkOutcome]:
+    return {
+        a.sink: SinkOutcome(
+            a.sink,
+            committed=not a.already_committed,
+            already_committed=a.already_committed,
+            rows=a.rows,
+            xid=None if a.already_committed else xid,
+            latency_s=latency,
+        )
+        for a in applied
+    }
+
+
+def _create_table(conn: Any, spec: PostgresSink) -> None:
+    columns = [
+        sql.SQL("{} {}{}").format(
+            sql.Identifier(name),
+            sql.SQL(pg_type),
+            sql.SQL(" NOT NULL") if name in spec.key or name in spec.accumulate else sql.SQL(""),
+        )
+        for name, pg_type in spec.columns.items()
+    ]
+    if spec.key:
+        columns.append(
+            sql.SQL("PRIMARY KEY ({})").format(
+                sql.SQL(", ").join(sql.Identifier(k) for k in spec.key)
+            )
+        )
+    conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(spec.schema)))
+    conn.execute(
+        sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(
+            sql.Identifier(spec.schema, spec.table), sql.SQL(", ").join(columns)
+        )
+    )

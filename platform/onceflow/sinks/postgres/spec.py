@@ -1,0 +1,165 @@
+"""`PostgresSink`: a job's output in a PostgreSQL table, and the column types it may declare."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+from onceflow._identifiers import check_identifier
+from onceflow.errors import ConfigurationError
+from onceflow.sinks.base import SinkContext, SinkGroup, SinkSpec
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+# PostgreSQL column types a sink may declare, with their Spark and Arrow counterparts.
+SPARK_TYPES: dict[str, str] = {
+    "text": "STRING",
+    "bigint": "BIGINT",
+    "integer": "INT",
+    "double precision": "DOUBLE",
+    "numeric": "DECIMAL(38,18)",
+    "timestamptz": "TIMESTAMP",
+    "boolean": "BOOLEAN",
+    "date": "DATE",
+}
+PG_TYPES = frozenset(SPARK_TYPES)
+MODES = ("append", "upsert", "accumulate")
+
+
+def arrow_type(pg_type: str) -> pa.DataType:
+    """The Arrow type a column of `pg_type` is read as."""
+    import pyarrow as pa
+
+    return {
+        "text": pa.string(),
+        "bigint": pa.int64(),
+        "integer": pa.int32(),
+        "double precision": pa.float64(),
+        "numeric": pa.decimal128(38, 18),
+        "timestamptz": pa.timestamp("us", tz="UTC"),
+        "boolean": pa.bool_(),
+        "date": pa.date32(),
+    }[pg_type]
+
+
+def spark_schema(columns: Mapping[str, str]) -> str:
+    """The Spark DDL schema of a PostgreSQL sink's columns."""
+    return ", ".join(f"`{name}` {SPARK_TYPES[pg]}" for name, pg in columns.items())
+
+
+@dataclass(frozen=True)
+class PostgresSink(SinkSpec):
+    """A PostgreSQL table written in one transaction per window with a commit marker.
+
+    All the PostgreSQL sinks of a job commit a window in one transaction.
+
+    Attributes:
+        name: The sink's name.
+        output: The transform output it receives.
+        table: The table's name.
+        columns: Column name → PostgreSQL type (one of `PG_TYPES`), in table order.
+        key: The primary key; needed by `upsert` and `accumulate`.
+        mode: `append` (insert), `upsert` (insert or replace by `key`), `accumulate` (add the
+            `accumulate` columns into the row with the same key; a row whose accumulated
+            columns all come back to zero is deleted).
+        schema: The table's schema.
+        accumulate: The columns `accumulate` adds up (summed exactly, as numeric).
+        window_column: A column holding each row's window id; lets a restatement and an
+            incremental reconcile find a window's rows.
+        job_column: A column holding the job's name, for a table several jobs share (the
+            quarantine): every read, delete and check of this job filters on it.
+    """
+
+    table: str
+    columns: Mapping[str, str]
+    key: tuple[str, ...] = ()
+    mode: str = "append"
+    schema: str = "public"
+    accumulate: tuple[str, ...] = ()
+    window_column: str | None = None
+    job_column: str | None = None
+
+    kind: ClassVar[str] = "postgres"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "columns", dict(self.columns))
+        object.__setattr__(self, "key", tuple(self.key))
+        object.__setattr__(self, "accumulate", tuple(self.accumulate))
+        check_identifier(self.schema, f"sink {self.name}: schema")
+        check_identifier(self.table, f"sink {self.name}: table")
+        if not self.columns:
+            raise ConfigurationError(f"sink {self.name}: declare its columns.")
+        for column, pg_type in self.columns.items():
+            check_identifier(column, f"sink {self.name}: column")
+            if pg_type not in PG_TYPES:
+                raise ConfigurationError(
+                    f"sink {self.name}: column {column} has type {pg_type!r}; use one of "
+                    f"{sorted(PG_TYPES)}."
+                )
+        if self.mode not in MODES:
+            raise ConfigurationError(
+                f"sink {self.name}: mode {self.mode!r} is unknown; use append, upsert or accumulate."
+            )
+        if self.mode in ("upsert", "accumulate") and not self.key:
+            raise ConfigurationError(f"sink {self.name}: mode {self.mode} needs a key.")
+        if self.mode == "accumulate" and not self.accumulate:
+            raise ConfigurationError(f"sink {self.name}: mode accumulate needs accumulate columns.")
+        if self.accumulate and self.mode != "accumulate":
+            raise ConfigurationError(
+                f"sink {self.name}: accumulate columns are only for mode accumulate."
+            )
+        named = [*self.key, *self.accumulate]
+        named += [c for c in (self.window_column, self.job_column) if c is not None]
+        missing = [c for c in named if c not in self.columns]
+        if missing:
+            raise ConfigurationError(
+                f"sink {self.name}: columns {missing} are named as key, accumulate, window or "
+                "job column but are not in `columns`."
+            )
+        overlap = set(self.key) & set(self.accumulate)
+        if overlap:
+            raise ConfigurationError(
+                f"sink {self.name}: {sorted(overlap)} cannot be both key and accumulate columns."
+            )
+
+    @classmethod
+    def open_groups(cls, specs: Sequence[SinkSpec], ctx: SinkContext) -> list[SinkGroup]:
+        from onceflow.sinks.postgres.group import PostgresGroup
+
+        mine = tuple(spec for spec in specs if isinstance(spec, PostgresSink))
+        return [PostgresGroup(mine, ctx)] if mine else []
+
+    def describe(self) -> str:
+        return f"PostgreSQL table `{self.schema}.{self.table}` ({self.mode})"
+
+
+QUARANTINE_COLUMNS: dict[str, str] = {
+    "job": "text",
+    "window_id": "bigint",
+    "source_file": "text",
+    "source_line": "bigint",
+    "raw_line": "text",
+    "reason": "text",
+}
+
+
+def quarantine_table(name: str = "pg_quarantine", *, output: str = "quarantine") -> PostgresSink:
+    """The standard quarantine sink: `onceflow.quarantine`, shared by jobs, one row per invalid
+    record keyed by its source position (so a replay never doubles it).
+
+    Give its name as the job's `quarantine_sink`.
+    """
+    return PostgresSink(
+        name=name,
+        output=output,
+        schema="onceflow",
+        table="quarantine",
+        columns=QUARANTINE_COLUMNS,
+        key=("job", "source_file", "source_line"),
+        mode="upsert",
+        window_column="window_id",
+        job_column="job",
+    )

@@ -1,0 +1,126 @@
+"""The Source protocol: what planning, reading, replay checks, lag and new-data triggers need.
+
+A source is replayable and deterministic: the same offsets always give the same records in the
+same order. Its input comes in *units* (a landing file, a Delta table version): strings that
+sort in source order, that the ledger indexes so each unit is planned into exactly one window,
+and that a window's offsets list exactly.
+
+Every frame a source reads carries the position of each record in three columns, so quarantine
+rows, deduplication ("first occurrence in source order") and replays agree on it:
+
+- `_file_idx INT`: the index of the record's unit (file, Delta data file) within the window;
+- `_source_file STRING`: the unit's name (a path relative to the landing root, or
+  `v<version>/<data file>` for a Delta table);
+- `_source_line BIGINT`: the record's 1-based position within it.
+
+A source whose records are typed (CSV with a schema, Parquet, Delta) also gives `_reason`
+(null for a valid record) and `_raw_text` (the record as text, for the quarantine), so a job
+needs no parse step; a raw source (JSON lines) gives `_raw BINARY` and the job parses it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from onceflow.settings import Settings
+
+POSITION_COLUMNS: tuple[str, ...] = ("_file_idx", "_source_file", "_source_line")
+REASON_COLUMN = "_reason"
+RAW_TEXT_COLUMN = "_raw_text"
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What a source holds now, for triggers and the UI.
+
+    Attributes:
+        version: An opaque token that changes whenever new input appears (the newest file, the
+            table version); equal tokens mean nothing new.
+        units: How many units are visible.
+        metadata: A few plain values for the UI (counts, names; never record contents).
+    """
+
+    version: str
+    units: int
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+
+class Source(ABC):
+    """A replayable input of a job. Subclasses are frozen dataclasses (they are job data)."""
+
+    #: A short name of the source's kind (`landing`, `delta`), for status and the UI.
+    kind: str = "source"
+    #: The raw frame holds `_reason` and `_raw_text` already: the job needs no parse step.
+    typed: bool = False
+
+    @abstractmethod
+    def describe(self) -> str:
+        """One line saying where the input comes from, for docs, status and the UI."""
+
+    @property
+    def lake_table(self) -> str | None:
+        """The table under the lake root this source reads, if any: a job whose sink writes
+        that table is upstream of this one."""
+        return None
+
+    @abstractmethod
+    def discover(self, settings: Settings, after: Mapping[str, Any] | None) -> list[str]:
+        """Units visible now, in source order.
+
+        Args:
+            settings: Where the landing folder and the lake are.
+            after: The offsets of the job's last planned window (None before the first): a
+                hint that lets a source skip units it knows to be planned. The ledger still
+                drops every unit it has already planned.
+        """
+
+    @abstractmethod
+    def offsets(self, settings: Settings, units: Sequence[str]) -> dict[str, Any]:
+        """The JSON offsets of a window made of `units` (given in source order)."""
+
+    @abstractmethod
+    def units(self, offsets: Mapping[str, Any]) -> list[str]:
+        """The units a window's offsets cover, in source order."""
+
+    @abstractmethod
+    def check_available(self, settings: Settings, offsets: Mapping[str, Any]) -> list[str]:
+        """What keeps a window from being read exactly as planned (empty when it can be)."""
+
+    @abstractmethod
+    def read(
+        self, spark: SparkSession, settings: Settings, offsets: Mapping[str, Any]
+    ) -> DataFrame:
+        """The window's records with the position columns, read on the executors.
+
+        Raises:
+            SourceError: When the input is no longer what was planned.
+        """
+
+    @abstractmethod
+    def observe(self, settings: Settings) -> Observation:
+        """What the source holds now (cheap: no Spark)."""
+
+    def read_many(
+        self, spark: SparkSession, settings: Settings, offsets: Sequence[Mapping[str, Any]]
+    ) -> tuple[DataFrame, list[tuple[int, int, int]]] | None:
+        """Several windows' records in one read, if the source can do that cheaply.
+
+        Returns the frame, whose `_file_idx` numbers units across all the windows, and the
+        map `(that index, position of the window in offsets, index within the window)`; or
+        None, and the windows are read one by one.
+        """
+        return None
+
+    def unit_age_s(self, settings: Settings, unit: str) -> float | None:
+        """Seconds since `unit` appeared, when the source knows it (for lag)."""
+        return None
+
+    def unit_size(self, settings: Settings, unit: str) -> int | None:
+        """Bytes in `unit`, when the source knows it (for lag)."""
+        return None

@@ -1,0 +1,159 @@
+"""The shape the platform promises: no branch on a sink's kind outside its own package, no
+import circle in the core, the Dagster layer on the public surface, the core free of Dagster."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+CORE = ROOT / "platform" / "onceflow"
+LAYER = [ROOT / "assets", ROOT / "resources", ROOT / "sensors", ROOT / "definitions.py"]
+KIND_CLASSES = {
+    "DeltaSink": "sinks/delta",
+    "DeltaGroup": "sinks/delta",
+    "DeltaTableSink": "sinks/delta",
+    "PostgresSink": "sinks/postgres",
+    "PostgresGroup": "sinks/postgres",
+}
+
+
+def _files(*roots: Path) -> list[Path]:
+    out: list[Path] = []
+    for root in roots:
+        out.extend([root] if root.is_file() else sorted(root.rglob("*.py")))
+    return out
+
+
+def _module(path: Path) -> str:
+    rel = path.relative_to(CORE.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def test_no_branch_on_a_sinks_kind_outside_its_package() -> None:
+    found = []
+    for path in _files(CORE, *LAYER):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance"):
+                continue
+            names = {n.id for n in ast.walk(node.args[1]) if isinstance(n, ast.Name)}
+            for name in names & set(KIND_CLASSES):
+                if KIND_CLASSES[name] not in path.as_posix():
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} isinstance(…, {name})")
+        for node in ast.walk(tree):
+            # `sink.kind == "delta"` is a branch on the kind too.
+            if isinstance(node, ast.Compare) and isinstance(node.left, ast.Attribute):
+                if node.left.attr == "kind" and "sinks/" not in path.as_posix():
+                    consts = [c for c in node.comparators if isinstance(c, ast.Constant)]
+                    if any(c.value in ("delta", "postgres") for c in consts):
+                        found.append(f"{path.relative_to(ROOT)}:{node.lineno} .kind == …")
+    assert found == []
+
+
+def _top_level_imports(
+    tree: ast.Module, module: str, known: frozenset[str] = frozenset()
+) -> set[str]:
+    """Imports that run when the module is imported (not in functions or TYPE_CHECKING).
+
+    `from pkg import mod` counts as an import of `pkg.mod` when that is a module in `known`.
+    """
+    out: set[str] = set()
+    package = module if module.count(".") == 0 else module.rsplit(".", 1)[0]
+
+    def visit(body: list[ast.stmt]) -> None:
+        for stmt in body:
+            if isinstance(stmt, ast.If) and "TYPE_CHECKING" in ast.unparse(stmt.test):
+                continue
+            if isinstance(stmt, ast.Import):
+                out.update(a.name for a in stmt.names)
+            elif isinstance(stmt, ast.ImportFrom):
+                base = stmt.module or ""
+                if stmt.level:
+                    anchor = package.split(".")
+                    anchor = anchor[: len(anchor) - stmt.level + 1]
+                    base = ".".join([*anchor, base] if base else anchor)
+                subs = {f"{base}.{a.name}" for a in stmt.names}
+                out.update(subs & known or {base})
+            elif isinstance(stmt, (ast.If, ast.Try)):
+                visit(stmt.body)
+                visit(getattr(stmt, "orelse", []))
+
+    visit(tree.body)
+    return out
+
+
+def test_no_import_circle_in_the_core() -> None:
+    modules = {_module(p): p for p in _files(CORE)}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        imported = _top_level_imports(ast.parse(path.read_text()), name, frozenset(modules))
+        graph[name] = {m for m in imported if m in modules and m != name}
+    # The graph is real: the engine's imports are in it.
+    assert {"onceflow._compute", "onceflow.ledger", "onceflow.sinks"} <= graph["onceflow.engine"]
+    state: dict[str, int] = {}
+    cycles: list[list[str]] = []
+
+    def walk(node: str, trail: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                # A package importing its own submodules is how packages re-export; a
+                # submodule importing a sibling through the package is the circle to catch.
+                cycle = [*trail[trail.index(nxt) :], nxt]
+                if not all(b.startswith(a + ".") for a, b in zip(cycle, cycle[1:], strict=False)):
+                    cycles.append(cycle)
+            elif nxt not in state:
+                walk(nxt, [*trail, nxt])
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            walk(name, [name])
+    assert cycles == []
+
+
+def test_the_core_knows_nothing_of_dagster() -> None:
+    offenders = [
+        str(p.relative_to(ROOT))
+        for p in _files(CORE)
+        if any(
+            m == "dagster" or m.startswith(("dagster.", "dagster_"))
+            for m in _top_level_imports(ast.parse(p.read_text()), _module(p))
+            | {
+                n.names[0].name
+                for n in ast.walk(ast.parse(p.read_text()))
+                if isinstance(n, ast.Import)
+            }
+        )
+    ]
+    assert offenders == []
+
+
+def test_the_dagster_layer_uses_no_private_core_module() -> None:
+    private = []
+    for path in _files(*LAYER):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("onceflow"):
+                if any(part.startswith("_") for part in (node.module or "").split(".")):
+                    private.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.module}")
+                private += [
+                    f"{path.relative_to(ROOT)}:{node.lineno} {a.name}"
+                    for a in node.names
+                    if a.name.startswith("_")
+                ]
+    assert private == []
+
+
+def test_one_compute_path() -> None:
+    """Run, restatement and reconcile compute through `onceflow._compute.compute` only."""
+    users = sorted(
+        str(p.relative_to(CORE))
+        for p in _files(CORE)
+        if "compute(" in p.read_text() and p.name != "_compute.py"
+    )
+    assert users == ["engine.py", "reconcile/_run.py"]
+    assert "engine.outputs(" in (CORE / "restate.py").read_text()
