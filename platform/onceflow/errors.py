@@ -20,8 +20,10 @@ class OnceflowError(Exception):
         return (type(self), (self.message,))
 
 
-class ConfigurationError(OnceflowError):
-    """Settings or a job definition are wrong; fix them and run again."""
+class ConfigurationError(OnceflowError, ValueError):
+    """Settings, a job definition or an argument are wrong; fix them and run again.
+
+    Also a ValueError: it is a bad value, and callers that catch those keep working."""
 
 
 class SourceError(OnceflowError):

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+from onceflow.errors import ConfigurationError
 from onceflow.jobs._payments_rules import Payment
 
 _UTC = timezone.utc
@@ -106,16 +107,16 @@ def generate_payments(
         The files written (in name order) and the ground truth for them.
 
     Raises:
-        ValueError: If an argument is out of range.
+        ConfigurationError: If an argument is out of range.
     """
     if records < 0:
-        raise ValueError(f"records must be >= 0, got {records}")
+        raise ConfigurationError(f"records must be >= 0, got {records}")
     if files < 1:
-        raise ValueError(f"files must be >= 1, got {files}")
+        raise ConfigurationError(f"files must be >= 1, got {files}")
     if duplicate_rate < 0 or invalid_rate < 0:
-        raise ValueError("duplicate_rate and invalid_rate must be >= 0")
+        raise ConfigurationError("duplicate_rate and invalid_rate must be >= 0")
     if not job or "/" in job or "\\" in job or job.startswith((".", "_")):
-        raise ValueError(f"bad job name: {job!r}")
+        raise ConfigurationError(f"bad job name: {job!r}")
 
     n_dup = round(records * duplicate_rate) if records else 0
     n_invalid = round(records * invalid_rate) if records else 0

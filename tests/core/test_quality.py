@@ -39,6 +39,9 @@ CREATE TABLE onceflow.windows (job text, window_id bigint, offsets jsonb NOT NUL
 CREATE TABLE onceflow.sink_commits (job text, sink text, window_id bigint, epoch bigint NOT NULL,
   xid xid8 NOT NULL, run_id text, offsets jsonb NOT NULL, rows_written bigint NOT NULL,
   committed_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (job, sink, window_id));
+CREATE TABLE onceflow.restate_commits (job text, sink text, seq bigint, xid xid8 NOT NULL,
+  rows_written bigint NOT NULL, committed_at timestamptz NOT NULL DEFAULT now(),
+  PRIMARY KEY (job, sink, seq));
 CREATE TABLE onceflow.quarantine (job text NOT NULL, window_id bigint NOT NULL,
   source_file text NOT NULL, source_line bigint NOT NULL, raw_line text NOT NULL,
   reason text NOT NULL, quarantined_at timestamptz NOT NULL DEFAULT now(),

@@ -4,6 +4,7 @@ import circle in the core, the Dagster layer on the public surface, the core fre
 from __future__ import annotations
 
 import ast
+import itertools
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -104,7 +105,7 @@ def test_no_import_circle_in_the_core() -> None:
                 # A package importing its own submodules is how packages re-export; a
                 # submodule importing a sibling through the package is the circle to catch.
                 cycle = [*trail[trail.index(nxt) :], nxt]
-                if not all(b.startswith(a + ".") for a, b in zip(cycle, cycle[1:], strict=False)):
+                if not all(b.startswith(a + ".") for a, b in itertools.pairwise(cycle)):
                     cycles.append(cycle)
             elif nxt not in state:
                 walk(nxt, [*trail, nxt])

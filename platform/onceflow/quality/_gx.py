@@ -16,6 +16,7 @@ from urllib.parse import unquote, urlparse
 import psycopg
 from sqlalchemy.engine import URL
 
+from onceflow.errors import ConfigurationError
 from onceflow.quality.suites import CheckSpec, SuiteSpec
 
 if TYPE_CHECKING:
@@ -143,7 +144,7 @@ def _expectation(spec: CheckSpec) -> Any:
         return gx.expectations.ExpectColumnMaxToBeBetween(
             column=spec.column, min_value=spec.value, max_value=spec.value, **common
         )
-    raise ValueError(f"unknown check kind {spec.kind!r}")
+    raise ConfigurationError(f"unknown check kind {spec.kind!r}")
 
 
 def _raised(info: Any) -> dict[str, Any] | None:
@@ -222,7 +223,7 @@ class GxSession:
     def _sql(self) -> Any:
         if self._sql_source is None:
             if not self._has_dsn:
-                raise ValueError("no PostgreSQL DSN was given")
+                raise ConfigurationError("no PostgreSQL DSN was given")
             self._sql_source = self._context.data_sources.add_or_update_postgres(
                 f"{self._job}.postgres", connection_string="${" + _URL_VARIABLE + "}"
             )

@@ -8,6 +8,8 @@ from typing import Literal
 
 from psycopg import sql
 
+from onceflow.errors import ConfigurationError
+
 # PostgreSQL truncates longer names silently, so two long names could meet in one table.
 _MAX_IDENTIFIER_BYTES = 63
 
@@ -20,13 +22,13 @@ CheckKind = Literal["unexpected_rows", "row_count", "not_null", "regex", "value_
 
 def _check_name(name: str, what: str) -> None:
     if not name:
-        raise ValueError(f"{what} must not be empty")
+        raise ConfigurationError(f"{what} must not be empty")
     if len(name.encode()) > _MAX_IDENTIFIER_BYTES:
-        raise ValueError(f"{what} {name!r} is longer than {_MAX_IDENTIFIER_BYTES} bytes")
+        raise ConfigurationError(f"{what} {name!r} is longer than {_MAX_IDENTIFIER_BYTES} bytes")
     # GE hands queries to SQLAlchemy's text(), which reads `:word` as a bind parameter even
     # inside quotes; NUL cannot appear in a PostgreSQL name at all.
     if ":" in name or "\x00" in name:
-        raise ValueError(f"{what} {name!r} must not contain ':' or NUL")
+        raise ConfigurationError(f"{what} {name!r} must not contain ':' or NUL")
 
 
 def _check_names(names: tuple[str, ...] | list[str], what: str) -> None:
@@ -64,13 +66,17 @@ class PostgresTableTarget:
     def __post_init__(self) -> None:
         _check_names([self.schema, self.table], "table name")
         if not self.key:
-            raise ValueError(f"sink {self.sink!r}: key must name at least one column")
+            raise ConfigurationError(f"sink {self.sink!r}: key must name at least one column")
         _check_names((*self.key, *self.not_null, *self.regex, *self.row_filter), "column")
         for value in self.row_filter.values():
             if ":" in value or "\x00" in value:
-                raise ValueError(f"sink {self.sink!r}: row_filter values must not hold ':' or NUL")
+                raise ConfigurationError(
+                    f"sink {self.sink!r}: row_filter values must not hold ':' or NUL"
+                )
         if self.expected_rows_from not in ("markers", "none"):
-            raise ValueError(f"sink {self.sink!r}: expected_rows_from must be 'markers' or 'none'")
+            raise ConfigurationError(
+                f"sink {self.sink!r}: expected_rows_from must be 'markers' or 'none'"
+            )
 
 
 @dataclass(frozen=True)
@@ -99,7 +105,7 @@ class DeltaTableTarget:
 
     def __post_init__(self) -> None:
         if not self.key:
-            raise ValueError(f"sink {self.sink!r}: key must name at least one column")
+            raise ConfigurationError(f"sink {self.sink!r}: key must name at least one column")
 
 
 @dataclass(frozen=True)
@@ -130,7 +136,9 @@ class SumConsistency:
     def __post_init__(self) -> None:
         _check_names(list(self.balances) + list(self.source), "table name")
         if not self.group_keys:
-            raise ValueError(f"sink {self.sink!r}: group_keys must name at least one column")
+            raise ConfigurationError(
+                f"sink {self.sink!r}: group_keys must name at least one column"
+            )
         _check_names((*self.group_keys, self.total_col, self.count_col, self.amount_col), "column")
 
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from deltalake import DeltaTable
 
+from onceflow._delta_read import read_table
 from onceflow.quality._gx import GxSession, Outcome
 from onceflow.quality.suites import (
     AGG_DUPLICATE_KEYS,
@@ -118,40 +119,6 @@ class ValidationReport:
         return [result for result in self.results if not result.passed]
 
 
-def _read_delta(spark: SparkSession, path: str, version: int | None = None) -> DataFrame:
-    """Read a Delta table's current files on Spark, without delta-spark.
-
-    Only the files of the snapshot are read, so removed files never count. Deletion vectors,
-    column mapping and partition columns would each need the Delta log to read the files right;
-    the engine's tables use none of them, and a table that does is refused rather than misread.
-
-    Args:
-        spark: The session to read with.
-        path: The table's root.
-        version: The snapshot to read; the latest when None.
-
-    Returns:
-        A DataFrame over the snapshot's rows.
-
-    Raises:
-        ValueError: The table uses a feature a plain Parquet read would get wrong.
-    """
-    table = DeltaTable(path, version=version)
-    protocol = table.protocol()
-    features = set(protocol.reader_features or ()) | set(protocol.writer_features or ())
-    unsupported = features & {"deletionVectors", "columnMapping"}
-    if unsupported or table.metadata().partition_columns:
-        problem = sorted(unsupported) or ["partition columns"]
-        raise ValueError(f"Delta table {path} uses {', '.join(problem)}; cannot read it as Parquet")
-    files = table.file_uris()
-    if not files:
-        import pyarrow as pa
-
-        schema = pa.schema(table.schema().to_arrow())
-        return spark.createDataFrame(pa.Table.from_batches([], schema=schema))
-    return spark.read.parquet(*files)
-
-
 def _spark_column(name: str) -> Any:
     from pyspark.sql import functions as F
 
@@ -244,7 +211,7 @@ def _validate_delta(
         snapshot = table.version()
         committed = table.transaction_version(target.app_id)
         started = time.perf_counter()
-        measured = _aggregate_delta(_read_delta(spark, target.path, snapshot), target)
+        measured = _aggregate_delta(read_table(spark, target.path, snapshot), target)
         timings[f"{job}.{target.sink}:spark"] = time.perf_counter() - started
         ledger["delta_version"] = snapshot
         ledger["committed_window"] = committed if committed is not None else 0
