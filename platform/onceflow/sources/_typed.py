@@ -308,6 +308,26 @@ def spark_struct(schema: Schema) -> Any:
     )
 
 
+def read_typed(
+    spark: Any, source: type, schema: Schema, root: str, files: list[str], **options: str
+) -> Any:
+    """Read `files` with the typed data source `source` (one partition per file).
+
+    Registered on every read: a Spark Connect session can change under us.
+    """
+    spark.dataSource.register(source)
+    reader = (
+        spark.read.format(source.name())
+        .schema(spark_struct(schema))
+        .option("root", root)
+        .option("files", json.dumps(files))
+        .option("schema", schema.to_json())
+    )
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    return reader.load()
+
+
 def cap_reason(reason: str) -> str:
     """`reason`, cut to `MAX_REASON_CHARS`."""
     if len(reason) <= MAX_REASON_CHARS:

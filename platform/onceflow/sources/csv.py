@@ -44,6 +44,7 @@ from onceflow.sources._typed import (
     Schema,
     check_folder,
     normalise_schema,
+    read_typed,
     spark_struct,
     text_converter,
 )
@@ -115,20 +116,11 @@ class CsvSource(LandingFiles):
         return f"CSV landing files `{self.folder}/*{self.suffix}` ({len(self.schema)} columns)"
 
     def read_files(self, spark: SparkSession, root: Path, files: list[str]) -> DataFrame:
-        schema = self.schema
-        assert isinstance(schema, Schema)
-        # Registered on every read: a Spark Connect session can change under us.
-        spark.dataSource.register(_CsvDataSource)
-        return (
-            spark.read.format(_CsvDataSource.name())
-            .schema(spark_struct(schema))
-            .option("root", str(root))
-            .option("files", json.dumps(files))
-            .option("schema", schema.to_json())
-            .option("delimiter", self.delimiter)
-            .option("header", json.dumps(self.header))
-            .load()
-        )
+        assert isinstance(self.schema, Schema)
+        return read_typed(
+            spark, _CsvDataSource, self.schema, str(root), files,
+            delimiter=self.delimiter, header=json.dumps(self.header),
+        )  # fmt: skip
 
 
 class _LineFeed:

@@ -604,6 +604,18 @@ class DeltaTableSource(Source):
             metadata={"table": self.table, "table_version": current},
         )
 
+    def _commit_of(
+        self, settings: Settings, unit: str
+    ) -> tuple[Any, str, int, list[dict[str, Any]]] | None:
+        """The filesystem, table base, version and commit actions of a unit, if readable."""
+        fs, base = _filesystem(self.root(settings))
+        try:
+            version = int(unit)
+            actions = _read_commit(fs, base, version)
+        except (ValueError, OSError):
+            return None
+        return None if actions is None else (fs, base, version, actions)
+
     def unit_age_s(self, settings: Settings, unit: str) -> float | None:
         """Seconds since the version was committed (in-commit or commitInfo timestamp).
 
@@ -611,14 +623,10 @@ class DeltaTableSource(Source):
             settings: Where the lake is.
             unit: A padded version.
         """
-        fs, base = _filesystem(self.root(settings))
-        try:
-            version = int(unit)
-            actions = _read_commit(fs, base, version)
-        except (ValueError, OSError):
+        found = self._commit_of(settings, unit)
+        if found is None:
             return None
-        if actions is None:
-            return None
+        fs, base, version, actions = found
         stamp: float | None = None
         for action in actions:
             info = action.get("commitInfo") or {}
@@ -637,14 +645,10 @@ class DeltaTableSource(Source):
             settings: Where the lake is.
             unit: A padded version.
         """
-        fs, base = _filesystem(self.root(settings))
-        try:
-            version = int(unit)
-            actions = _read_commit(fs, base, version)
-        except (ValueError, OSError):
+        found = self._commit_of(settings, unit)
+        if found is None:
             return None
-        if actions is None:
-            return None
+        _, _, version, actions = found
         files = self._data_files(_Plan(), version, actions, [])
         if any(f.size is None for f in files):
             return None

@@ -53,6 +53,7 @@ from onceflow.sources._typed import (
     check_folder,
     normalise_schema,
     quarantine_text,
+    read_typed,
     spark_struct,
     text_converter,
     typed_columns_batch,
@@ -99,18 +100,8 @@ class ParquetSource(LandingFiles):
         return f"Parquet landing files `{self.folder}/*{self.suffix}` ({len(self.schema)} columns)"
 
     def read_files(self, spark: SparkSession, root: Path, files: list[str]) -> DataFrame:
-        schema = self.schema
-        assert isinstance(schema, Schema)
-        # Registered on every read: a Spark Connect session can change under us.
-        spark.dataSource.register(_ParquetDataSource)
-        return (
-            spark.read.format(_ParquetDataSource.name())
-            .schema(spark_struct(schema))
-            .option("root", str(root))
-            .option("files", json.dumps(files))
-            .option("schema", schema.to_json())
-            .load()
-        )
+        assert isinstance(self.schema, Schema)
+        return read_typed(spark, _ParquetDataSource, self.schema, str(root), files)
 
 
 def _family(arrow_type: pa.DataType) -> str:
