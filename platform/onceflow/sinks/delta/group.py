@@ -163,6 +163,11 @@ class DeltaGroup(SinkGroup):
         if not self.table.exists():
             return None
         rows = read_snapshot(spark, self.table.table(), str(self.table.path))
+        if "_window_id" not in rows.columns:
+            raise ConfigurationError(
+                f"sink {self.spec.name} holds the job's dedupe state, but its rows have no "
+                "`_window_id` column; add it in the transform (the window's id, from ctx)."
+            )
         if before is not None:
             rows = rows.where(F.col("_window_id") < before)
         if only is not None:
