@@ -100,6 +100,10 @@ def test_instance_config_limits_one_run_and_one_op_per_job(tmp_path) -> None:
             "limit": 1,
         } in config.run_queue_config.tag_concurrency_limits
         assert instance.run_retries_enabled
+        # A killed run worker's pool slot is freed, or the job's later runs wait for ever.
+        monitoring = instance.run_monitoring_settings
+        assert monitoring["enabled"]
+        assert 0 < monitoring["free_slots_after_run_end_seconds"] <= 60
     repo = _repo()
     for job, op in (
         ("payments_job", "payments_run"),
