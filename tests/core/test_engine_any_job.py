@@ -183,3 +183,29 @@ def test_a_dedupe_state_without_window_ids_is_refused(
     _land(landing, "b1.parquet", [("e2", "red", 3)])
     with pytest.raises(ConfigurationError, match="_window_id"):
         Engine(job, settings, spark, pg_dsn).run(max_units_per_window=1)
+
+
+def test_two_rows_for_one_upsert_key_in_a_window_is_a_clear_error(
+    spark, pg_dsn: str, tmp_path: Path, lake: Path, landing: Path
+) -> None:
+    from onceflow import SinkError
+
+    settings = Settings(home=tmp_path / "home", postgres_dsn=pg_dsn, lake=lake, landing=landing)
+    job = Job(
+        name="latest_scores",
+        source=ParquetSource("scores", schema=SCHEMA),
+        transform=lambda rows, ctx: {"latest": rows.select("team", "points")},
+        sinks=(
+            PostgresSink(
+                "pg_latest", "latest", table="latest_scores",
+                columns={"team": "text", "points": "bigint"}, key=("team",), mode="upsert",
+            ),
+        ),
+    )  # fmt: skip
+    _land(landing, "b0.parquet", [("e1", "red", 3), ("e2", "red", 5)])
+    with pytest.raises(SinkError, match="one row per key") as caught:
+        Engine(job, settings, spark, pg_dsn).run()
+    assert "red" not in str(caught.value)  # row values stay out of messages
+    with psycopg.connect(pg_dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM latest_scores").fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM onceflow.sink_commits").fetchone() == (0,)

@@ -23,7 +23,7 @@ from psycopg import sql
 
 from onceflow._diff import Diff, multiset_diff
 from onceflow._identifiers import session_name
-from onceflow.errors import CommitUnknownError
+from onceflow.errors import CommitUnknownError, SinkError, TransientSinkError
 from onceflow.postgres import connect
 from onceflow.sinks.postgres.commit import copy_frame
 from onceflow.sinks.postgres.spec import PostgresSink, arrow_type, spark_schema
@@ -185,7 +185,19 @@ def reconcile_postgres(
             conn.rollback()
             return diff
         assert epoch is not None
-        _apply(dsn, conn, job, spec, diff, epoch, staged, keyed=bool(key))
+        try:
+            _apply(dsn, conn, job, spec, diff, epoch, staged, keyed=bool(key))
+        except psycopg.OperationalError:
+            raise TransientSinkError(
+                f"sink {spec.name}: the connection broke during the repair; nothing was "
+                "changed. Run reconcile again."
+            ) from None
+        except psycopg.Error as exc:
+            # The server's DETAIL quotes row values: keep only the class and SQLSTATE.
+            raise SinkError(
+                f"sink {spec.name}: PostgreSQL refused the repair ({type(exc).__name__}, SQLSTATE "
+                f"{exc.sqlstate}); nothing was changed."
+            ) from None
         try:
             conn.commit()
         except psycopg.OperationalError:

@@ -350,7 +350,7 @@ class Transaction:
                 "(an accumulated total no longer fits); nothing was written. Widen the column or "
                 "restate the window."
             ) from None
-        except (TransientSinkError, FencedError):
+        except (TransientSinkError, FencedError, SinkError):
             conn.rollback()
             raise
         except psycopg.Error as exc:
@@ -448,6 +448,7 @@ def _apply(
             )
         ).rowcount
         return rows, rows
+    _check_one_row_per_key(conn, spec, staging, window_id)
     others = [c for c in cols if c not in spec.key]
     action = (
         sql.SQL("DO UPDATE SET {}").format(
@@ -482,6 +483,24 @@ def _apply(
     ).fetchone()
     assert row is not None
     return int(row[0]), int(row[1])
+
+
+def _check_one_row_per_key(
+    conn: psycopg.Connection, spec: PostgresSink, staging: sql.Composable, window_id: int
+) -> None:
+    """An upsert takes one row per key from a window; two would leave the winner to chance."""
+    keys = sql.SQL(", ").join(sql.Identifier(k) for k in spec.key)
+    row = conn.execute(
+        sql.SQL("SELECT count(*) - count(DISTINCT ({})) FROM {}").format(keys, staging)
+    ).fetchone()
+    extra = int(row[0]) if row else 0
+    if extra:
+        raise SinkError(
+            f"sink {spec.name}: window {window_id}'s output `{spec.output}` has {extra} more "
+            f"row(s) than keys {list(spec.key)}; an upsert sink takes one row per key per window. "
+            "Keep one row per key in the transform (or dedupe the job by that key); nothing was "
+            "written."
+        )
 
 
 def _summed(spec: PostgresSink, rows: sql.Composable) -> sql.Composable:
