@@ -6,8 +6,6 @@ import os
 import random
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -17,70 +15,11 @@ import psutil
 import pytest
 
 from onceflow.generate import generate_payments
+from tests.support.cli import RUN_TIMEOUT_S, CliRun, Finished
 from tests.support.oracle import expected_outputs
 from tests.support.outputs import actual_outputs, assert_exact
 
 pytestmark = pytest.mark.slow
-
-ONCEFLOW = str(Path(sys.executable).with_name("onceflow"))
-RUN_TIMEOUT_S = 300
-
-
-@dataclass
-class Finished:
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-class CliRun:
-    """One `onceflow` process in its own session, so its Spark JVM can be killed with it."""
-
-    def __init__(self, args: list[str], env: dict[str, str], logs: Path) -> None:
-        logs.mkdir(parents=True, exist_ok=True)
-        stamp = f"{time.monotonic_ns()}"
-        self._out_path = logs / f"{stamp}.out"
-        self._err_path = logs / f"{stamp}.err"
-        self._out = open(self._out_path, "wb")
-        self._err = open(self._err_path, "wb")
-        self.proc = subprocess.Popen(
-            [ONCEFLOW, *args],
-            env=env,
-            cwd=logs,
-            stdout=self._out,
-            stderr=self._err,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def kill_group(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-    def finish(self, timeout: float = RUN_TIMEOUT_S) -> Finished:
-        """Wait for the process, then kill whatever is left of its group (the JVM)."""
-        try:
-            rc = self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.kill_group()
-            self.proc.wait()
-            pytest.fail(f"onceflow did not finish within {timeout}s: {self.stderr()[-2000:]}")
-        finally:
-            self.kill_group()
-            self._out.close()
-            self._err.close()
-        return Finished(rc, self._out_path.read_text(errors="replace"), self.stderr())
-
-    def stderr(self) -> str:
-        if not self._err.closed:
-            self._err.flush()
-        return self._err_path.read_text(errors="replace")
 
 
 @dataclass
