@@ -207,7 +207,7 @@ class Sinks:
     def window_of(self, file: str) -> int | None:
         try:
             row = self.conn.execute(
-                "SELECT window_id FROM onceflow.source_files WHERE job = %s AND path = %s",
+                "SELECT window_id FROM onceflow.source_units WHERE job = %s AND unit = %s",
                 (JOB, file),
             ).fetchone()
         except psycopg.errors.UndefinedTable:
