@@ -107,7 +107,10 @@ def build_job_assets(job: Job, upstream: Mapping[str, AssetKey] | None = None) -
         f"{job.name}_recovery_job",
         selection=[recovery.key],
         tags={**tags, KIND_TAG: "recovery"},
-        description=f"Replays {job.name}'s pending windows, verifies every sink, reconciles.",
+        description=(
+            f"Replays {job.name}'s pending windows, commits unplanned input, verifies every sink, "
+            "reconciles."
+        ),
     )
     return JobDefs(
         assets=[a for a in (source, sinks, recovery) if a is not None],
@@ -196,8 +199,9 @@ def _recovery_asset(job: Job, sinks: AssetsDefinition) -> AssetsDefinition:
         group_name=job.name,
         kinds={"spark"},
         description=(
-            f"Recovery of {job.name}: replays pending windows, verifies that every sink holds "
-            "every window, and reconciles the sinks with what they should hold."
+            f"Recovery of {job.name}: replays pending windows, commits input no window has "
+            "planned yet, verifies that every sink holds every window, and reconciles the sinks "
+            "with what they should hold."
         ),
         check_specs=[AssetCheckSpec("all_windows_committed", asset=key)],
         op_tags={JOB_TAG: job.name},
@@ -212,7 +216,9 @@ def _recovery_asset(job: Job, sinks: AssetsDefinition) -> AssetsDefinition:
         onceflow: OnceflowSettingsResource,
     ) -> MaterializeResult:
         engine = make_engine(job, spark, postgres, onceflow)
-        replayed = at_boundary(engine.run)(run_id=context.run_id, max_windows=0).windows
+        # Pending windows first, then input no window has planned yet (a run that died before
+        # planning it left it there): nothing visible is left behind.
+        replayed = at_boundary(engine.run)(run_id=context.run_id).windows
         for window in replayed:
             context.log.info(
                 f"window {window.window_id}: "

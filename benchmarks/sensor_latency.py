@@ -155,11 +155,13 @@ class DagsterDev:
             "mutation($id: String) { stopRunningSchedule(id: $id) { __typename } }", id=state["id"]
         )
 
-    def run_for(self, file: str) -> dict[str, Any] | None:
-        runs = self.graphql(
-            _RUNS, filter={"tags": [{"key": "onceflow/newest_file", "value": file}]}
-        )["runsOrError"]["results"]
-        return runs[0] if runs else None
+    def run_for(self, landed: float) -> dict[str, Any] | None:
+        """The first run of the job the sensor created after a file landed."""
+        runs = self.graphql(_RUNS, filter={"tags": [{"key": "onceflow/job", "value": JOB}]})[
+            "runsOrError"
+        ]["results"]
+        after = [r for r in runs if float(r["creationTime"]) >= landed]
+        return min(after, key=lambda r: float(r["creationTime"])) if after else None
 
     def runs(self) -> list[dict[str, Any]]:
         return list(self.graphql(_RUNS, filter={})["runsOrError"]["results"])
@@ -259,7 +261,7 @@ def add_runs(dev: DagsterDev, samples: list[Sample]) -> None:
     for sample in samples:
         run = wait_for(
             f"the run for {sample.file} to end",
-            lambda f=sample.file: (r := dev.run_for(f)) and r["endTime"] and r,
+            lambda t=sample.landed: (r := dev.run_for(t)) and r["endTime"] and r,
             900,
             1,
         )

@@ -1,4 +1,4 @@
-"""The new-data sensor: one run request per batch of landing files it has not seen."""
+"""The new-data sensor: a run whenever a job has input the ledger has not planned or committed."""
 
 from __future__ import annotations
 
@@ -6,9 +6,11 @@ import os
 from collections.abc import Mapping
 
 from dagster import (
+    DagsterRunStatus,
     DefaultSensorStatus,
     JobDefinition,
     RunRequest,
+    RunsFilter,
     SensorDefinition,
     SensorEvaluationContext,
     SensorResult,
@@ -19,9 +21,18 @@ from dagster._core.definitions.unresolved_asset_job_definition import Unresolved
 
 from onceflow.job import Job
 from resources._annotations import typed
+from resources.postgres import PostgresResource
 from resources.settings import OnceflowSettingsResource
+from sensors.failure import JOB_TAG
 
 INTERVAL_ENV = "ONCEFLOW_SENSOR_INTERVAL_S"
+# Runs that will still take a job's pending work.
+IN_FLIGHT = [
+    DagsterRunStatus.QUEUED,
+    DagsterRunStatus.NOT_STARTED,
+    DagsterRunStatus.STARTING,
+    DagsterRunStatus.STARTED,
+]
 DEFAULT_INTERVAL_S = 30
 
 
@@ -41,12 +52,14 @@ def build_new_data_sensor(
     *,
     interval_s: int | None = None,
 ) -> SensorDefinition:
-    """A sensor requesting a run of `target` whenever the job's source shows new input.
+    """A sensor requesting a run of `target` while the job has work the ledger has not done.
 
-    The cursor is the source's observation token (`Source.observe`: the newest landing file,
-    the table version); a different token means new input. The run key is that token, so new
-    input is requested once, and the engine plans input by itself, so a run finding nothing
-    new is harmless. The interval defaults to `default_interval_s()`.
+    The trigger is derived from the ledger (`onceflow.status.pending_work`): input no window
+    has planned, or planned windows some sink does not hold. It is not a cursor over what a
+    launched run was meant to do, so a run that dies before it plans anything leaves the input
+    to the next request rather than behind. While a run of the job is queued or in progress no
+    new run is requested (that run takes the work). The interval defaults to
+    `default_interval_s()`.
     """
 
     @sensor(
@@ -54,23 +67,40 @@ def build_new_data_sensor(
         job=target,
         minimum_interval_seconds=interval_s if interval_s is not None else default_interval_s(),
         default_status=DefaultSensorStatus.RUNNING,
-        description=f"Requests a run of {job.name} when new input appears in its source.",
+        description=f"Requests a run of {job.name} while it has unplanned input or pending windows.",
     )
     @typed
     def _new_data(
-        context: SensorEvaluationContext, onceflow: OnceflowSettingsResource
+        context: SensorEvaluationContext,
+        onceflow: OnceflowSettingsResource,
+        postgres: PostgresResource,
     ) -> SensorResult | SkipReason:
-        seen = job.source.observe(onceflow.settings())
-        if seen.units == 0 or seen.version == (context.cursor or ""):
-            return SkipReason(f"no new input in {job.source.describe()}")
+        from onceflow.engine import build_engine
+        from onceflow.status import pending_work
+
+        settings = onceflow.settings()
+        engine = build_engine(job, settings, None, postgres.resolve(settings.home))
+        work = pending_work(engine)
+        if not work.any:
+            return SkipReason(f"{job.name}: no unplanned input and no pending window")
+        busy = context.instance.get_run_records(
+            RunsFilter(tags={JOB_TAG: job.name}, statuses=IN_FLIGHT), limit=1
+        )
+        if busy:
+            return SkipReason(
+                f"{job.name}: run {busy[0].dagster_run.run_id} is queued or running; it takes "
+                "the pending work"
+            )
         return SensorResult(
             run_requests=[
                 RunRequest(
-                    run_key=f"{job.name}:{seen.version}",
-                    tags={**tags, "onceflow/source_version": seen.version[:200]},
+                    tags={
+                        **tags,
+                        "onceflow/unplanned_units": str(work.unplanned),
+                        "onceflow/pending_windows": str(len(work.pending_windows)),
+                    },
                 )
-            ],
-            cursor=seen.version,
+            ]
         )
 
     return _new_data

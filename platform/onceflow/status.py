@@ -2,10 +2,45 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from onceflow.engine import Engine
+
+
+@dataclass(frozen=True)
+class PendingWork:
+    """What a job still has to do, from the ledger and the source (no Spark).
+
+    Attributes:
+        unplanned: Visible input units no window has taken yet.
+        pending_windows: Planned windows not yet committed to every sink.
+        oldest_unplanned_age_s: Age of the oldest unplanned unit, when the source knows it.
+    """
+
+    unplanned: int
+    pending_windows: tuple[int, ...]
+    oldest_unplanned_age_s: float | None
+
+    @property
+    def any(self) -> bool:
+        return bool(self.unplanned or self.pending_windows)
+
+
+def pending_work(engine: Engine) -> PendingWork:
+    """What the job has not yet planned or committed: the trigger for its next run.
+
+    Derived from the ledger, not from what a launched run was meant to do, so input is never
+    left behind by a run that died before it planned anything.
+    """
+    engine.prepare()
+    units = engine.unplanned_units()
+    source, settings = engine.job.source, engine.settings
+    ages = [a for u in units if (a := source.unit_age_s(settings, u)) is not None]
+    pending = tuple(w.window_id for w in engine.ledger.windows(pending_only=True))
+    return PendingWork(len(units), pending, max(ages) if ages else None)
+
 
 # How many of the newest windows the status lists one by one.
 RECENT_WINDOWS = 10

@@ -1,15 +1,25 @@
-"""Sensors on a real instance: failed runs recovered once each, new files requested once each."""
+"""Sensors on a real instance: failed runs recovered once each; new input requested until the
+ledger holds it."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from dagster import DagsterInstance, SkipReason, build_sensor_context, job, op
+from dagster import (
+    DagsterInstance,
+    DagsterRunStatus,
+    SkipReason,
+    build_sensor_context,
+    job,
+    op,
+)
+from dagster._core.storage.dagster_run import DagsterRun
 
 import definitions
 from onceflow.generate import generate_payments
-from resources import OnceflowSettingsResource
+from tests.support.oracle import expected_outputs
+from tests.support.outputs import actual_outputs, assert_exact
 
 
 @op
@@ -59,28 +69,42 @@ def test_failure_sensor_bursts_old_failures_once_each(instance: DagsterInstance)
     assert _tick(sensor, instance, cursor)[0] == []
 
 
-def test_new_data_sensor_requests_each_batch_once(tmp_path: Path) -> None:
-    landing = tmp_path / "landing"
-    sensor = definitions.defs.get_sensor_def("payments_new_data_sensor")
-    resources = {"onceflow": OnceflowSettingsResource(home=str(tmp_path), landing=str(landing))}
+def test_new_data_sensor_follows_the_ledger_and_recovery_commits_unplanned_input(
+    resources: dict, instance: DagsterInstance, pg_dsn: str, lake: Path, landing: Path
+) -> None:
+    defs = definitions.build_defs(resources)
+    sensor = defs.resolve_sensor_def("payments_new_data_sensor")
+    recovery_job = defs.resolve_job_def("payments_recovery_job")
+    sensor_resources = {"onceflow": resources["onceflow"], "postgres": resources["postgres"]}
 
-    def tick(cursor: str | None) -> tuple[list, str | None]:
-        out = sensor(build_sensor_context(cursor=cursor, resources=resources))
-        if isinstance(out, SkipReason):
-            return [], cursor
-        return list(out.run_requests or []), out.cursor
+    def tick() -> list:
+        context = build_sensor_context(instance=instance, resources=sensor_resources)
+        out = sensor(context)
+        return [] if isinstance(out, SkipReason) else list(out.run_requests or [])
 
-    requests, cursor = tick(None)
-    assert requests == []
-    seen_keys: list[str] = []
-    for seed in (1, 2, 3):
-        generate_payments(landing, records=20, files=2, seed=seed)
-        requests, cursor = tick(cursor)
-        assert len(requests) == 1
-        seen_keys.append(requests[0].run_key)
-        assert requests[0].tags["onceflow/job"] == "payments"
-        files = sorted(p.name for p in (landing / "payments").iterdir())
-        assert requests[0].tags["onceflow/source_version"] == f"{len(files)}:payments/{files[-1]}"
-        assert tick(cursor)[0] == []  # nothing new: nothing repeated
-    assert len(set(seen_keys)) == 3
-    assert cursor == f"{len(files)}:payments/{max(files)}"
+    assert tick() == []  # nothing landed
+    generate_payments(landing, records=300, files=2, duplicate_rate=0.1, invalid_rate=0.05, seed=4)
+    (request,) = tick()
+    assert request.tags["onceflow/job"] == "payments"
+    assert request.tags["onceflow/unplanned_units"] == "2"
+    # The launched run died before it planned anything: the input is still the ledger's to do,
+    # so the next tick asks again (a cursor over file names would have moved past it).
+    assert len(tick()) == 1
+    # While a run of the job is in progress, it takes the work: no second request.
+    running = DagsterRun(
+        job_name="payments_job",
+        status=DagsterRunStatus.STARTED,
+        tags={"onceflow/job": "payments"},
+    )
+    instance.add_run(running)
+    assert tick() == []
+    instance.delete_run(running.run_id)
+
+    # Recovery commits input no window has planned yet, not only pending windows.
+    recovered = recovery_job.execute_in_process(instance=instance)
+    assert recovered.success
+    (mat,) = recovered.asset_materializations_for_node("payments_recovery")
+    assert mat.metadata["windows_replayed"].value == 1
+    assert mat.metadata["windows_incomplete"].value == 0
+    assert_exact(expected_outputs(landing), actual_outputs(pg_dsn, lake))
+    assert tick() == []  # nothing left to do
