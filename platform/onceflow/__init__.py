@@ -45,7 +45,7 @@ from onceflow.spark import build_spark_session
 if TYPE_CHECKING:
     from onceflow.sources import CsvSource, DeltaTableSource, ParquetSource
 
-__version__ = "0.2.0"
+__version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> Any:
