@@ -21,7 +21,7 @@ from onceflow.sinks.base import (
 )
 from onceflow.sinks.delta._reconcile import reconcile_delta
 from onceflow.sinks.delta.spec import DeltaSink
-from onceflow.sinks.delta.table import META_PREFIX, DeltaTableSink
+from onceflow.sinks.delta.table import META_PREFIX, DeltaCommit, DeltaTableSink
 from onceflow.windows import WINDOW_COL, parse_interval
 
 if TYPE_CHECKING:
@@ -94,16 +94,7 @@ class DeltaGroup(SinkGroup):
             offsets=window.offsets,
             exactly_once=exactly_once,
         )
-        return {
-            self.spec.name: SinkOutcome(
-                self.spec.name,
-                committed=not commit.already_committed,
-                already_committed=commit.already_committed,
-                rows=commit.rows,
-                delta_version=commit.version,
-                latency_s=time.monotonic() - started,
-            )
-        }
+        return self._outcome(commit, started)
 
     def check_restate(self, window: Window) -> None:
         if self.table.committed_through() < window.window_id:
@@ -135,6 +126,9 @@ class DeltaGroup(SinkGroup):
             run_id=run_id,
             restate_seq=seq,
         )
+        return self._outcome(commit, started)
+
+    def _outcome(self, commit: DeltaCommit, started: float) -> dict[str, SinkOutcome]:
         return {
             self.spec.name: SinkOutcome(
                 self.spec.name,
@@ -145,9 +139,6 @@ class DeltaGroup(SinkGroup):
                 latency_s=time.monotonic() - started,
             )
         }
-
-    def restated_through(self) -> int:
-        return self.table.restated_through()
 
     def seen_keys(
         self,

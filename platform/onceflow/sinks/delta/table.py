@@ -270,12 +270,6 @@ class DeltaTableSink:
             return done
         return DeltaCommit(done.version(), rows, False)
 
-    def restated_through(self) -> int:
-        """The highest restatement sequence number applied to this table (0 if none)."""
-        if not self.exists():
-            return 0
-        return self.table().transaction_version(self.restate_app) or 0
-
     def replace_window(
         self,
         df: DataFrame,

@@ -230,16 +230,6 @@ class PostgresGroup(SinkGroup):
             seq=seq,
         )  # fmt: skip
 
-    def restated(self, seq: int) -> bool:
-        """Whether restatement `seq` is applied here (one transaction: all sinks or none)."""
-        with connect(self.ctx.dsn) as conn:
-            row = conn.execute(
-                "SELECT 1 FROM onceflow.restate_commits WHERE job = %s AND seq = %s"
-                " AND sink = ANY(%s) LIMIT 1",
-                (self.job, seq, list(self.by_name)),
-            ).fetchone()
-        return row is not None
-
     # -- reconcile ----------------------------------------------------------------------------
 
     def reconcile(
