@@ -22,6 +22,7 @@ from resources import OnceflowSettingsResource, PostgresResource, SparkResource
 from resources._annotations import typed
 
 CHECK_NAME = "quality"
+FRESHNESS_CHECK = "input_planned_in_time"
 
 
 def build_quality_checks(job: Job, keys: Sequence[AssetKey]) -> list[AssetChecksDefinition]:
@@ -97,3 +98,54 @@ def _suite_seconds(timings: dict[str, float], job: str, sink: str) -> float:
             if ":" not in k and (k == name or k.startswith(name + "."))
         )
     )
+
+
+def build_freshness_checks(job: Job, keys: Sequence[AssetKey]) -> list[AssetChecksDefinition]:
+    """One check per sink asset that fails while input older than the job's `freshness_s` is
+    visible but planned into no window: the sinks are green yet behind (no Spark needed)."""
+
+    @multi_asset_check(
+        name=f"{job.name}_freshness",
+        specs=[
+            AssetCheckSpec(
+                FRESHNESS_CHECK,
+                asset=key,
+                description=(
+                    f"No input waits longer than {job.freshness_s:g}s before a window plans it."
+                ),
+            )
+            for key in keys
+        ],
+        can_subset=True,
+    )
+    @typed
+    def _freshness(
+        context: AssetCheckExecutionContext,
+        postgres: PostgresResource,
+        onceflow: OnceflowSettingsResource,
+    ) -> Iterator[AssetCheckResult]:
+        from onceflow.status import freshness
+
+        settings = onceflow.settings()
+        engine = build_engine(job, settings, None, postgres.resolve(settings.home))
+        found = freshness(engine)
+        age = found.oldest_unplanned_age_s
+        for key in context.selected_asset_check_keys:
+            yield AssetCheckResult(
+                asset_key=key.asset_key,
+                check_name=FRESHNESS_CHECK,
+                passed=found.fresh,
+                description=None
+                if found.fresh
+                else (
+                    f"{found.unplanned} input unit(s) unplanned, the oldest for {age:.0f}s "
+                    f"(bound {found.bound_s:g}s): no run has taken them."
+                ),
+                metadata={
+                    "unplanned_units": MetadataValue.int(found.unplanned),
+                    "oldest_unplanned_age_s": MetadataValue.float(round(float(age or 0.0), 1)),
+                    "freshness_s": MetadataValue.float(float(found.bound_s)),
+                },
+            )
+
+    return [_freshness]

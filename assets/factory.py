@@ -13,6 +13,7 @@ from dagster import (
     AssetExecutionContext,
     AssetKey,
     AssetsDefinition,
+    AssetSelection,
     AssetSpec,
     DataVersion,
     JobDefinition,
@@ -30,9 +31,9 @@ from dagster._core.definitions.asset_checks.asset_checks_definition import (
     AssetChecksDefinition,
 )
 
-from assets.checks import CHECK_NAME, build_quality_checks
+from assets.checks import CHECK_NAME, build_freshness_checks, build_quality_checks
 from assets.config import RecoveryConfig, WindowRunConfig
-from assets.runs import at_boundary, run_windows, sink_metadata
+from assets.runs import at_boundary, open_items_metadata, run_windows, sink_metadata
 from onceflow.engine import Engine, build_engine
 from onceflow.job import Job
 from onceflow.windows import format_windows
@@ -103,9 +104,12 @@ def build_job_assets(job: Job, upstream: Mapping[str, AssetKey] | None = None) -
         tags={**tags, KIND_TAG: "run"},
         description=f"Runs {job.name}: new data, or a backfill/restatement of chosen windows.",
     )
+    freshness = build_freshness_checks(job, [spec.key for spec in sinks.specs])
     recovery_job = define_asset_job(
         f"{job.name}_recovery_job",
-        selection=[recovery.key],
+        # The hourly reconcile runs this job too, so a stale input is seen within the hour.
+        selection=AssetSelection.assets(recovery.key)
+        | AssetSelection.checks(*[k for c in freshness for k in c.check_keys]),
         tags={**tags, KIND_TAG: "recovery"},
         description=(
             f"Replays {job.name}'s pending windows, commits unplanned input, verifies every sink, "
@@ -114,7 +118,10 @@ def build_job_assets(job: Job, upstream: Mapping[str, AssetKey] | None = None) -
     )
     return JobDefs(
         assets=[a for a in (source, sinks, recovery) if a is not None],
-        checks=build_quality_checks(job, [spec.key for spec in sinks.specs]),
+        checks=[
+            *build_quality_checks(job, [spec.key for spec in sinks.specs]),
+            *freshness,
+        ],
         sensors=[
             build_new_data_sensor(job, run_job, tags),
             build_failure_sensor(job, recovery_job),
@@ -179,11 +186,12 @@ def _sink_assets(job: Job, upstream: AssetKey) -> AssetsDefinition:
         engine = make_engine(job, spark, postgres, onceflow)
         request = context.dagster_run.root_run_id or context.run_id
         report = at_boundary(run_windows)(engine, config, context.run_id, request, context.log)
+        items = open_items_metadata(engine)
         for sink in job.sinks:
             version = engine.group_of[sink.name].data_version(sink.name)
             yield MaterializeResult(
                 asset_key=sink_key(sink.name),
-                metadata=sink_metadata(report, sink.name, version),
+                metadata={**sink_metadata(report, sink.name, version), **items},
                 data_version=DataVersion(str(version)) if version is not None else None,
             )
 
@@ -218,7 +226,12 @@ def _recovery_asset(job: Job, sinks: AssetsDefinition) -> AssetsDefinition:
         engine = make_engine(job, spark, postgres, onceflow)
         # Pending windows first, then input no window has planned yet (a run that died before
         # planning it left it there): nothing visible is left behind.
-        replayed = at_boundary(engine.run)(run_id=context.run_id).windows
+        recovered = at_boundary(engine.recover)(context.run_id)
+        for sink, ids in recovered.restored.items():
+            context.log.warning(
+                f"{sink} had lost committed windows {format_windows(ids)}; replayed"
+            )
+        replayed = recovered.run.windows
         for window in replayed:
             context.log.info(
                 f"window {window.window_id}: "
@@ -235,6 +248,8 @@ def _recovery_asset(job: Job, sinks: AssetsDefinition) -> AssetsDefinition:
             "replayed": MetadataValue.text(
                 format_windows([w.window_id for w in replayed if not w.noop]) or "none"
             ),
+            "windows_restored": MetadataValue.json(recovered.restored),
+            **open_items_metadata(engine),
         }
         metadata.update(_reconcile(engine, config, context))
         return MaterializeResult(

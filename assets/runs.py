@@ -14,6 +14,7 @@ from onceflow.engine import Engine, WindowResult
 from onceflow.errors import OnceflowError
 from onceflow.postgres import redact
 from onceflow.restate import restate_windows
+from onceflow.status import open_items
 from onceflow.windows import format_windows, parse_windows
 
 # Offsets of at most this many windows go into one materialisation's metadata.
@@ -152,6 +153,20 @@ def sink_metadata(report: RunReport, sink: str, data_version: int | None) -> dic
     if report.notes:
         metadata["notes"] = MetadataValue.md("\n".join(f"- {n}" for n in report.notes))
     return metadata
+
+
+def open_items_metadata(engine: Engine) -> dict[str, Any]:
+    """Unfinished restatements and skipped windows, shown on every materialisation until the
+    restatements are finished (skips stay: they are the operator's record)."""
+    items = open_items(engine)
+    return {
+        "restatements_pending": MetadataValue.int(len(items.restatements)),
+        "restatements_pending_windows": MetadataValue.text(
+            format_windows(sorted({wid for _, wid, _ in items.restatements})) or "none"
+        ),
+        "windows_skipped": MetadataValue.int(len(items.skipped)),
+        "skipped": MetadataValue.json({str(wid): reason for wid, reason in items.skipped[-50:]}),
+    }
 
 
 def _offsets_summary(offsets: dict[str, Any]) -> dict[str, Any]:

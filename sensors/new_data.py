@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from datetime import datetime, timedelta, timezone
 
 from dagster import (
     DagsterRunStatus,
@@ -23,7 +24,7 @@ from onceflow.job import Job
 from resources._annotations import typed
 from resources.postgres import PostgresResource
 from resources.settings import OnceflowSettingsResource
-from sensors.failure import JOB_TAG
+from sensors.failure import JOB_TAG, WILL_RETRY_TAG
 
 INTERVAL_ENV = "ONCEFLOW_SENSOR_INTERVAL_S"
 # Runs that will still take a job's pending work.
@@ -34,6 +35,12 @@ IN_FLIGHT = [
     DagsterRunStatus.STARTED,
 ]
 DEFAULT_INTERVAL_S = 30
+# Set by Dagster's retry daemon on a failed run once its retry exists.
+AUTO_RETRY_RUN_TAG = "dagster/auto_retry_run_id"
+# How long a failed run marked for retry, whose retry does not exist yet, counts as in flight.
+# The daemon creates retries within seconds (it reads run failures every 5 s); past this, the
+# retry is taken as lost and the sensor requests a run itself.
+RETRY_GRACE = timedelta(minutes=2)
 
 
 def default_interval_s() -> int:
@@ -57,9 +64,9 @@ def build_new_data_sensor(
     The trigger is derived from the ledger (`onceflow.status.pending_work`): input no window
     has planned, or planned windows some sink does not hold. It is not a cursor over what a
     launched run was meant to do, so a run that dies before it plans anything leaves the input
-    to the next request rather than behind. While a run of the job is queued or in progress no
-    new run is requested (that run takes the work). The interval defaults to
-    `default_interval_s()`.
+    to the next request rather than behind. While a run of the job is queued or in progress, or
+    has just failed and Dagster is about to retry it, no new run is requested (that run, or the
+    retry, takes the work). The interval defaults to `default_interval_s()`.
     """
 
     @sensor(
@@ -91,6 +98,12 @@ def build_new_data_sensor(
                 f"{job.name}: run {busy[0].dagster_run.run_id} is queued or running; it takes "
                 "the pending work"
             )
+        retrying = _awaiting_retry(context, job)
+        if retrying:
+            return SkipReason(
+                f"{job.name}: run {retrying} failed and Dagster is about to retry it; the retry "
+                "takes the pending work"
+            )
         return SensorResult(
             run_requests=[
                 RunRequest(
@@ -104,3 +117,24 @@ def build_new_data_sensor(
         )
 
     return _new_data
+
+
+def _awaiting_retry(context: SensorEvaluationContext, job: Job) -> str | None:
+    """A run of `job` that failed lately and that Dagster will retry, with no retry yet.
+
+    Between a run's failure and its retry's creation (up to a retry daemon tick) no run of the
+    job is queued, yet the retry is coming: a run requested then would only queue ahead of it
+    and take its work. Bounded by `RETRY_GRACE`, so a retry that never comes (the daemon gave
+    up, which also sets `will_retry=false`) does not hold the job's input back.
+    """
+    since = datetime.now(timezone.utc) - RETRY_GRACE
+    records = context.instance.get_run_records(
+        RunsFilter(
+            tags={JOB_TAG: job.name, WILL_RETRY_TAG: "true"},
+            statuses=[DagsterRunStatus.FAILURE],
+            updated_after=since,
+        ),
+        limit=20,
+    )
+    waiting = [r for r in records if AUTO_RETRY_RUN_TAG not in r.dagster_run.tags]
+    return waiting[0].dagster_run.run_id if waiting else None

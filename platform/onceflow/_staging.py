@@ -9,10 +9,11 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 if TYPE_CHECKING:
@@ -40,6 +41,25 @@ class WindowStage:
         """The stats written when staging finished, or None if it did not."""
         marker = self.root / _COMPLETE
         return json.loads(marker.read_text()) if marker.is_file() else None
+
+    def intact(self, stats: Mapping[str, Any], names: Sequence[str]) -> bool:
+        """True when every output is there with the row count recorded when it was staged (a
+        stage with a lost or truncated file is recomputed, never reused)."""
+        counts = stats.get("outputs", {})
+        for name in names:
+            folder = self.root / name
+            if name not in counts or not folder.is_dir():
+                return False
+            try:
+                if self.rows(name) != counts[name]:
+                    return False
+            except (OSError, pa.ArrowException):
+                return False
+        return True
+
+    def clear(self) -> None:
+        """Remove this stage only."""
+        shutil.rmtree(self.root, ignore_errors=True)
 
     def path(self, name: str) -> Path:
         return self.root / name

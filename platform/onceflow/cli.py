@@ -24,7 +24,7 @@ EXIT_CHECKS_FAILED = 4
 
 def _engine(job_name: str, guarantee: str | None = None, *, spark: bool = True) -> Any:
     from onceflow.engine import build_engine
-    from onceflow.postgres import connect, resolve_dsn
+    from onceflow.postgres import check_reachable, resolve_dsn
     from onceflow.registry import get_job
     from onceflow.settings import Settings
     from onceflow.spark import build_spark_session
@@ -33,7 +33,7 @@ def _engine(job_name: str, guarantee: str | None = None, *, spark: bool = True) 
     job = get_job(job_name)
     settings.check_folders()
     dsn = resolve_dsn(settings.postgres_dsn, settings.home)
-    connect(dsn).close()  # fail fast, before Spark starts, on an unreachable server
+    check_reachable(dsn)  # before Spark starts: a wrong DSN fails at once, a down server soon
     session = None
     if spark:
         session = build_spark_session(
@@ -127,6 +127,18 @@ def cmd_restate(args: argparse.Namespace) -> int:
             continue
         sinks = ", ".join(f"{n}={s.rows}" for n, s in result.sinks.items())
         print(f"window {result.window_id}: restated in every sink ({sinks})")
+    return 0
+
+
+def cmd_windows_skip(args: argparse.Namespace) -> int:
+    from onceflow.windows import format_windows, parse_windows
+
+    engine = _engine(args.job, spark=False)
+    skipped = engine.skip(parse_windows(args.windows), args.reason)
+    print(
+        f"windows {format_windows(skipped)} of {args.job} skipped: {args.reason.strip()}. They "
+        "stay listed in `onceflow status` and reconcile reports; their input stays taken."
+    )
     return 0
 
 
@@ -229,6 +241,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="name the request so that running it again restates each window once",
     )
     res.set_defaults(func=cmd_restate)
+
+    win = sub.add_parser("windows", help="operator actions on a job's windows")
+    win_sub = win.add_subparsers(dest="action", required=True)
+    skip = win_sub.add_parser(
+        "skip",
+        help="give up pending windows whose input is gone or changed (recorded with a reason)",
+    )
+    skip.add_argument("job")
+    skip.add_argument("windows", help="window ids, e.g. 7 or 7-9")
+    skip.add_argument("--reason", required=True, help="why; shown in status and reconcile")
+    skip.set_defaults(func=cmd_windows_skip)
 
     jobs = sub.add_parser("jobs", help="list the jobs onceflow finds")
     jobs.set_defaults(func=cmd_jobs)

@@ -56,6 +56,14 @@ class RunResult:
 
 
 @dataclass
+class RecoveryResult:
+    """What a recovery did: completed windows put back into sinks that lost them, then a run."""
+
+    run: RunResult
+    restored: dict[str, list[int]] = field(default_factory=dict)
+
+
+@dataclass
 class BackfillResult:
     """What a backfill of chosen windows did."""
 
@@ -146,10 +154,12 @@ class Engine:
 
     def check_retention(self) -> None:
         """Refuse when a sink may forget the commit records a replay needs."""
-        with self.ledger.connect() as conn:
-            row = conn.execute(
+        row = self.ledger.read(
+            "read the oldest window's age",
+            lambda conn: conn.execute(
                 "SELECT min(planned_at) FROM onceflow.windows WHERE job = %s", (self.job.name,)
-            ).fetchone()
+            ).fetchone(),
+        )
         oldest = row[0] if row else None
         for group in self.groups:
             group.check_retention(oldest)
@@ -180,10 +190,50 @@ class Engine:
         """The sinks that hold `window_id`."""
         return self.held([window_id])[window_id]
 
+    def lacking_windows(self) -> dict[str, list[int]]:
+        """For each sink, the windows the ledger marks completed that it does not hold.
+
+        A completed window is one every sink held when it was marked; a sink lacking one lost it
+        afterwards (a lake deleted, repointed or restored from an older backup). Skipped windows
+        were never completed.
+        """
+        completed = [w.window_id for w in self.ledger.windows() if w.completed]
+        state = self.held(completed)
+        lacking: dict[str, list[int]] = {}
+        for wid in completed:
+            for name in self.sink_names:
+                if name not in state[wid]:
+                    lacking.setdefault(name, []).append(wid)
+        return lacking
+
+    def check_sinks_hold_completed(self) -> None:
+        """Refuse to compute anything while a sink lacks windows the ledger says it holds.
+
+        Without this, a lost dedupe state lets duplicates of earlier records through, and the
+        next windows would be committed on top of a hole that no later run fills.
+        """
+        if self.job.guarantee is Guarantee.NONE:
+            return
+        lacking = self.lacking_windows()
+        if not lacking:
+            return
+        from onceflow.windows import format_windows
+
+        which = "; ".join(
+            f"{name} lacks windows {format_windows(ids)}" for name, ids in lacking.items()
+        )
+        raise LedgerError(
+            f"job {self.job.name}: {which}, which the ledger records as committed (was the lake "
+            "deleted, moved, or restored from an older copy?). Nothing was computed. Run "
+            f"`onceflow reconcile {self.job.name}`: it replays the windows those sinks lack and "
+            "restores their commit records; then run the job again."
+        )
+
     def incomplete_windows(self, windows: Sequence[Window]) -> dict[int, list[str]]:
-        """Windows some sink does not hold, with the sinks that lack them."""
+        """Windows some sink does not hold, with the sinks that lack them (skipped windows are
+        not incomplete: the operator gave them up)."""
         every = set(self.sink_names)
-        state = self.held([w.window_id for w in windows])
+        state = self.held([w.window_id for w in windows if w.skipped is None])
         return {wid: sorted(every - held) for wid, held in state.items() if held != every}
 
     # -- running ------------------------------------------------------------------------------
@@ -214,6 +264,7 @@ class Engine:
             raise ConfigurationError("max files (units) per window must be at least 1.")
         run_id = run_id or uuid.uuid4().hex
         epoch = self.start(run_id)
+        self.check_sinks_hold_completed()
         result = RunResult(self.job.name, run_id, epoch)
 
         def done(window_result: WindowResult) -> None:
@@ -223,6 +274,9 @@ class Engine:
 
         for window in self.ledger.windows(pending_only=True):
             done(self.process_window(window, epoch, run_id))
+        # A restatement interrupted by a crash is finished by the next run, with its request's
+        # sequence numbers, so each of its windows changes once.
+        self.restate(self.planned_restatements(), epoch, run_id)
         stop = stop or threading.Event()
         planned = 0
         while max_windows is None or planned < max_windows:
@@ -291,6 +345,128 @@ class Engine:
         result.latency_s = time.monotonic() - started
         return result
 
+    def recover(self, run_id: str) -> RecoveryResult:
+        """Put back completed windows a sink lost (as reconcile does), then run: pending windows,
+        unfinished restatements and input no window has planned yet."""
+        restored: dict[str, list[int]] = {}
+        if self.job.guarantee is not Guarantee.NONE:
+            before = self.lacking_windows()
+            if before:
+                left = self.replay_lacking(self.start(run_id), run_id)
+                restored = {
+                    sink: [w for w in ids if w not in left.get(sink, [])]
+                    for sink, ids in before.items()
+                }
+        return RecoveryResult(self.run(run_id=run_id), {k: v for k, v in restored.items() if v})
+
+    def replay_lacking(self, epoch: int, run_id: str) -> dict[str, list[int]]:
+        """Commit, in window order, the completed windows some sink lacks, to those sinks only.
+
+        Window order matters: each replayed window's dedupe sees the windows before it, which
+        the state sink holds again by then. Windows whose input is gone are left lacking and
+        returned.
+        """
+        lacking = self.lacking_windows()
+        ids = sorted({wid for wids in lacking.values() for wid in wids})
+        left: dict[str, list[int]] = {}
+        for wid in ids:
+            window = self.ledger.window(wid)
+            assert window is not None
+            stage = WindowStage(self.settings.lake, self.job.name, wid, window.offsets)
+            problems = self.job.source.check_available(self.settings, window.offsets)
+            if problems and stage.complete() is None:
+                _log.warning("window %d cannot be replayed: %s", wid, "; ".join(problems[:3]))
+                for name, wids in lacking.items():
+                    if wid in wids:
+                        left.setdefault(name, []).append(wid)
+                continue
+            self.process_window(window, epoch, run_id)
+        return left
+
+    def skip(self, window_ids: Sequence[int], reason: str, run_id: str | None = None) -> list[int]:
+        """Give up pending windows whose input is gone or changed, recording why.
+
+        Takes a new epoch first, so a run working on the windows is fenced. A window some sink
+        already holds cannot be skipped: the sinks would disagree for good; its staged output or
+        its input is needed to finish it.
+
+        Raises:
+            ConfigurationError: No reason, a window never planned, completed, or partly held.
+        """
+        from onceflow.windows import format_windows
+
+        if not reason.strip():
+            raise ConfigurationError("say why the windows are skipped (--reason); it is recorded.")
+        epoch = self.start(run_id or f"skip-{uuid.uuid4().hex}")
+        windows = []
+        for wid in sorted(set(window_ids)):
+            window = self.ledger.window(wid)
+            if window is None:
+                raise ConfigurationError(f"job {self.job.name}: window {wid} was never planned.")
+            if window.completed:
+                raise ConfigurationError(
+                    f"job {self.job.name}: window {wid} is committed in every sink; only pending "
+                    "windows can be skipped (use restate to change a committed one)."
+                )
+            windows.append(window)
+        held = self.held([w.window_id for w in windows if w.skipped is None])
+        partly = {wid: sorted(names) for wid, names in held.items() if names}
+        if partly:
+            which = "; ".join(f"window {w} is held by {', '.join(n)}" for w, n in partly.items())
+            raise ConfigurationError(
+                f"job {self.job.name}: {which}. Skipping would leave the sinks apart for good; "
+                "restore the window's input and run the job to finish it instead."
+            )
+        for window in windows:
+            if window.skipped is None:
+                self.ledger.skip_window(epoch, window.window_id, reason.strip())
+                WindowStage(self.settings.lake, self.job.name, window.window_id, {}).discard()
+        _log.warning(
+            "job %s: windows %s skipped: %s",
+            self.job.name,
+            format_windows([w.window_id for w in windows]),
+            reason,
+        )
+        return [w.window_id for w in windows]
+
+    # -- restatements -------------------------------------------------------------------------
+
+    def planned_restatements(self) -> list[tuple[Window, int]]:
+        """Restatements written ahead but not finished, as (window, sequence number)."""
+        out = []
+        for seq, wid, _ in self.ledger.pending_restatements():
+            window = self.ledger.window(wid)
+            if window is not None:
+                out.append((window, seq))
+        return out
+
+    def restate(
+        self, todo: Sequence[tuple[Window, int]], epoch: int, run_id: str
+    ) -> list[WindowResult]:
+        """Apply planned restatements: every check first, then each window in every sink."""
+        for window, _ in todo:
+            for group in self.groups:
+                group.check_restate(window)
+        results = []
+        for window, seq in todo:
+            t0 = time.monotonic()
+            tag = f"-r{seq}"
+            outputs, stats = self.outputs(window, stage_tag=tag)
+            result = WindowResult(window.window_id, window.offsets, stats)
+            for group in self.groups:
+                result.sinks.update(
+                    group.restate(window, outputs, epoch=epoch, run_id=run_id, seq=seq)
+                )
+            faults.point("restated", window.window_id)
+            self.ledger.record_stats(window.window_id, stats)
+            self.ledger.complete_restatement(seq)
+            WindowStage(
+                self.settings.lake, self.job.name, window.window_id, window.offsets, tag
+            ).discard()
+            result.latency_s = time.monotonic() - t0
+            results.append(result)
+        return results
+
     def backfill(self, window_ids: Sequence[int], run_id: str) -> BackfillResult:
         """Bring chosen past windows into every sink: pending ones are replayed; a window every
         sink holds is left alone and said to be; a completed window a sink lacks is damage
@@ -314,10 +490,13 @@ class Engine:
         every = set(self.sink_names)
         replay = False
         for wid in window_ids:
+            window = self.ledger.window(wid)
+            if window is not None and window.skipped is not None:
+                report.notes.append(f"window {wid} was skipped ({window.skipped}); left alone.")
+                continue
             if state[wid] >= every:
                 report.noop_windows.append(wid)
                 continue
-            window = self.ledger.window(wid)
             if window is not None and window.completed:
                 report.notes.append(
                     f"window {wid} is marked completed but {sorted(every - state[wid])} do not "
@@ -338,13 +517,18 @@ class Engine:
             return None
         group = self.group_of[dedupe.state_sink]
         through = group.committed_through()[dedupe.state_sink]
-        if self.exactly_once and through < window_id - 1:
+        if self.exactly_once and through < window_id - 1 and self._unskipped(through, window_id):
             raise LedgerError(
                 f"job {self.job.name}: dedupe state {dedupe.state_sink} holds windows up to "
                 f"{through}, but window {window_id} needs every window before it (was the lake "
                 "lost or replaced?). Run `onceflow reconcile " + self.job.name + "`."
             )
         return group.seen_keys(self.spark, dedupe.state_sink, list(dedupe.key), before=window_id)
+
+    def _unskipped(self, after: int, before: int) -> list[int]:
+        """Windows between `after` and `before` (exclusive) that were not skipped."""
+        skipped = {w.window_id for w in self.ledger.windows(since=after) if w.skipped}
+        return [w for w in range(after + 1, before) if w not in skipped]
 
     def outputs(
         self, window: Window, *, use_stage: bool = True, stage_tag: str = ""
@@ -355,8 +539,11 @@ class Engine:
         )
         names = sorted({s.output for s in self.job.sinks})
         stats = stage.complete() if use_stage else None
-        if stats is not None:
+        if stats is not None and stage.intact(stats, names):
             return {name: stage.read(self.spark, name) for name in names}, stats
+        if stats is not None:
+            _log.warning("window %d: its stage lost rows; computing it again", window.window_id)
+            stage.clear()
         computed = compute(
             self.spark,
             self.job,

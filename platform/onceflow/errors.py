@@ -60,3 +60,9 @@ class UnverifiableWindowError(OnceflowError):
 
 class UnsupportedTableError(OnceflowError):
     """A Delta table uses a feature onceflow does not read (deletion vectors, column mapping)."""
+
+
+class PostgresUnavailableError(OnceflowError):
+    """PostgreSQL stayed unreachable (connections lost or refused) past the retry limit."""
+
+    retryable = True

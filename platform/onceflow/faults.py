@@ -18,9 +18,11 @@ POINTS = (
     "before_sinks",  # window planned and its output staged, before any sink write
     "after_delta",  # after the Delta sinks committed, before the next kind of sink
     "after_postgres",  # after the PostgreSQL sinks committed, before the next kind of sink
+    "pg_staged",  # executors filled the PostgreSQL staging tables, the apply not yet begun
     "before_pg_commit",  # PostgreSQL transaction ready, COMMIT not yet sent
     "pg_commit_sent",  # COMMIT sent to PostgreSQL, its answer not read
     "after_commits",  # every sink committed, ledger not yet told
+    "restated",  # a window restated in every sink, the ledger not yet told
 )
 ACTIONS = ("kill", "stop")
 

@@ -72,6 +72,8 @@ class Job:
         guarantee: The delivery guarantee.
         description: Shown in the UI.
         metadata: Extra rules for the quality suites (`regex`, `sums`); see docs/jobs.md.
+        freshness_s: Input visible for longer than this without a window planning it fails the
+            job's freshness check (a trigger that never fired, runs that died before planning).
     """
 
     name: str
@@ -84,9 +86,15 @@ class Job:
     guarantee: Guarantee = Guarantee.EXACTLY_ONCE
     description: str = ""
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    freshness_s: float = 3600.0
 
     def __post_init__(self) -> None:
         check_identifier(self.name, "job name")
+        if not self.freshness_s > 0:
+            raise ConfigurationError(
+                f"job {self.name}: freshness_s must be a positive number of seconds, got "
+                f"{self.freshness_s!r}."
+            )
         if not isinstance(self.source, Source):
             raise ConfigurationError(
                 f"job {self.name}: source must be an onceflow Source (LandingSource, CsvSource, "

@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import sql
@@ -20,9 +20,11 @@ from psycopg import sql
 from onceflow import faults
 from onceflow._identifiers import session_name
 from onceflow.errors import FencedError, LedgerError
-from onceflow.postgres import connect
+from onceflow.postgres import connect, retrying
 
 _log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 SCHEMA = "onceflow"
 # A newer run waits at most this long for an older run's locks before it ends that run's sessions.
@@ -47,8 +49,18 @@ CREATE TABLE IF NOT EXISTS onceflow.windows (
     planned_at timestamptz NOT NULL DEFAULT now(),
     stats jsonb,
     completed_at timestamptz,
+    skipped_at timestamptz,
+    skip_reason text,
     PRIMARY KEY (job, window_id)
 );
+-- Ledgers made before windows could be skipped get the columns once (no lock when present).
+DO $$ BEGIN
+    IF NOT EXISTS (SELECT 1 FROM information_schema.columns WHERE table_schema = 'onceflow'
+                   AND table_name = 'windows' AND column_name = 'skip_reason') THEN
+        ALTER TABLE onceflow.windows ADD COLUMN skipped_at timestamptz,
+                                     ADD COLUMN skip_reason text;
+    END IF;
+END $$;
 CREATE TABLE IF NOT EXISTS onceflow.source_units (
     job text NOT NULL,
     unit text NOT NULL,
@@ -86,6 +98,8 @@ class Window:
     epoch: int
     stats: dict[str, Any] | None = field(default=None, compare=False)
     completed: bool = field(default=False, compare=False)
+    # The operator's reason, when the window was skipped (`onceflow windows skip`).
+    skipped: str | None = field(default=None, compare=False)
 
 
 class Ledger:
@@ -96,22 +110,95 @@ class Ledger:
         self.job = job
 
     def connect(self, epoch: int | None = None) -> psycopg.Connection:
-        conn = connect(self._dsn, application_name=session_name(self.job, epoch))
-        conn.execute(
-            sql.SQL("SET idle_in_transaction_session_timeout = {}").format(
-                sql.Literal(IDLE_IN_TRANSACTION_TIMEOUT)
-            )
+        """A connection for a write transaction, named after the run's epoch; the server ends
+        it if it is left idle inside a transaction (set at connect time: no round trip)."""
+        return connect(
+            self._dsn,
+            application_name=session_name(self.job, epoch),
+            settings={"idle_in_transaction_session_timeout": IDLE_IN_TRANSACTION_TIMEOUT},
         )
-        conn.commit()
-        return conn
+
+    # Every ledger round trip survives a lost connection (`onceflow.postgres.retrying`): reads
+    # and idempotent writes are simply done again; a write that is not idempotent first looks
+    # whether its unanswered COMMIT was applied (`_decided`). New methods should use these.
+
+    def read(self, what: str, query: Callable[[psycopg.Connection], T]) -> T:
+        """Run `query(conn)` on an autocommit connection (no transaction, no COMMIT to lose),
+        again after a lost connection."""
+
+        def attempt() -> T:
+            with connect(
+                self._dsn, autocommit=True, application_name=session_name(self.job, None)
+            ) as conn:
+                return query(conn)
+
+        return retrying(attempt, what=f"{what} (job {self.job})", dsn=self._dsn)
+
+    def write(
+        self, what: str, work: Callable[[psycopg.Connection], T], epoch: int | None = None
+    ) -> T:
+        """Run `work(conn)` in one transaction and commit it, all again after a lost connection:
+        for idempotent writes only (IF NOT EXISTS, ON CONFLICT DO NOTHING, set-to-a-value)."""
+
+        def attempt() -> T:
+            with self.connect(epoch) as conn:
+                result = work(conn)
+                conn.commit()
+                return result
+
+        return retrying(attempt, what=f"{what} (job {self.job})", dsn=self._dsn)
+
+    def _decided(
+        self,
+        what: str,
+        work: Callable[[psycopg.Connection], tuple[T, Any]],
+        written: Callable[[psycopg.Connection, Any], T | None],
+        epoch: int | None = None,
+    ) -> T:
+        """A write that must not be applied twice. `work(conn)` does it inside the transaction
+        and returns (result, evidence); if the COMMIT then gets no answer, the next attempt first
+        waits until that transaction has ended (ending its session if the server still runs it)
+        and asks `written(conn, evidence)`, which returns the result when the write is there (it
+        committed) or None (it did not: do it again)."""
+        unanswered: list[tuple[Any, str, int]] = []
+
+        def decide(conn: psycopg.Connection) -> T | None:
+            evidence, xid, pid = unanswered[-1]
+            row = conn.execute("SELECT pg_xact_status(%s::xid8)", (xid,)).fetchone()
+            if row is not None and row[0] == "in progress":
+                # Its COMMIT may still arrive: end the session (a COMMIT under way completes
+                # first), then ask again.
+                conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+                raise psycopg.OperationalError("the unanswered COMMIT was still in progress")
+            return written(conn, evidence)
+
+        def attempt() -> T:
+            if unanswered:
+                found = self.read(f"learn whether {what} committed", decide)
+                unanswered.clear()
+                if found is not None:
+                    _log.info("job %s: the unanswered COMMIT to %s had committed", self.job, what)
+                    return found
+            with self.connect(epoch) as conn:
+                result, evidence = work(conn)
+                row = conn.execute("SELECT pg_current_xact_id()::text, pg_backend_pid()").fetchone()
+                assert row is not None
+                unanswered.append((evidence, str(row[0]), int(row[1])))
+                conn.commit()  # from here on it may apply unanswered
+                unanswered.clear()
+                return result
+
+        return retrying(attempt, what=f"{what} (job {self.job})", dsn=self._dsn)
 
     def ensure_schema(self) -> None:
         """Create the ledger tables if they are missing (idempotent, safe to race)."""
-        with self.connect() as conn:
+
+        def create(conn: psycopg.Connection) -> None:
             # Concurrent CREATE ... IF NOT EXISTS can still collide on the catalog; serialise.
             conn.execute("SELECT pg_advisory_xact_lock(hashtext('onceflow.schema'))")
             conn.execute(_DDL)
-            conn.commit()
+
+        self.write("create the ledger tables", create)
 
     # -- epochs -------------------------------------------------------------------------------
 
@@ -122,55 +209,75 @@ class Ledger:
         after LOCK_WAIT_S its sessions are ended so the newer run can go on.
         """
         deadline = time.monotonic() + 6 * LOCK_WAIT_S
+
+        def take(conn: psycopg.Connection) -> tuple[int, int]:
+            conn.execute(sql.SQL("SET lock_timeout = {}").format(sql.Literal(f"{LOCK_WAIT_S}s")))
+            row = conn.execute(
+                """
+                INSERT INTO onceflow.jobs AS j (job, epoch, run_id)
+                VALUES (%(job)s, %(floor)s + 1, %(run_id)s)
+                ON CONFLICT (job) DO UPDATE
+                   SET epoch = greatest(j.epoch, %(floor)s) + 1, run_id = %(run_id)s,
+                       epoch_started_at = now(), heartbeat_at = now()
+                RETURNING epoch
+                """,
+                {"job": self.job, "floor": floor, "run_id": run_id},
+            ).fetchone()
+            assert row is not None
+            return int(row[0]), int(row[0])
+
+        def taken(conn: psycopg.Connection, epoch: int) -> int | None:
+            # The job row names the run that holds the epoch: ours if the COMMIT applied (a
+            # newer run since would hold a higher epoch: then take one above it, as any run does).
+            row = conn.execute(
+                "SELECT 1 FROM onceflow.jobs WHERE job = %s AND epoch = %s AND run_id = %s",
+                (self.job, epoch, run_id),
+            ).fetchone()
+            return epoch if row is not None else None
+
         while True:
-            with self.connect() as conn:
-                conn.execute(
-                    sql.SQL("SET lock_timeout = {}").format(sql.Literal(f"{LOCK_WAIT_S}s"))
-                )
-                try:
-                    row = conn.execute(
-                        """
-                        INSERT INTO onceflow.jobs AS j (job, epoch, run_id)
-                        VALUES (%(job)s, %(floor)s + 1, %(run_id)s)
-                        ON CONFLICT (job) DO UPDATE
-                           SET epoch = greatest(j.epoch, %(floor)s) + 1, run_id = %(run_id)s,
-                               epoch_started_at = now(), heartbeat_at = now()
-                        RETURNING epoch
-                        """,
-                        {"job": self.job, "floor": floor, "run_id": run_id},
-                    ).fetchone()
-                    conn.commit()
-                    assert row is not None
-                    return int(row[0])
-                except psycopg.errors.LockNotAvailable:
-                    conn.rollback()
-                    if time.monotonic() > deadline:
-                        raise LedgerError(
-                            f"job {self.job!r}: could not take a new epoch: another session keeps "
-                            "the job's row locked and could not be ended. Check "
-                            "pg_stat_activity for sessions named onceflow/" + self.job
-                        ) from None
-                    ended = self._end_older_sessions(conn)
-                    _log.warning("job %s: ended %d session(s) of an older run", self.job, ended)
+            try:
+                return self._decided("take a new epoch", take, taken)
+            except psycopg.errors.LockNotAvailable:
+                if time.monotonic() > deadline:
+                    raise LedgerError(
+                        f"job {self.job!r}: could not take a new epoch: another session keeps "
+                        "the job's row locked and could not be ended. Check "
+                        "pg_stat_activity for sessions named onceflow/" + self.job
+                    ) from None
+                ended = self.write("end an older run's sessions", self._end_older_sessions)
+                _log.warning("job %s: ended %d session(s) of an older run", self.job, ended)
 
     def _end_older_sessions(self, conn: psycopg.Connection) -> int:
+        # Also a session without an epoch left idle in a transaction: the remains of a start-up
+        # whose connection was lost before its COMMIT (the server has not noticed yet). Every
+        # write such a session can hold is retried or decided by its writer, so ending it is safe.
         rows = conn.execute(
             """
             SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-             WHERE application_name LIKE %s AND application_name <> %s
-               AND pid <> pg_backend_pid()
+             WHERE pid <> pg_backend_pid()
+               AND ((application_name LIKE %s AND application_name <> %s)
+                    OR (application_name = %s AND state LIKE 'idle in transaction%%'
+                        AND state_change < now() - make_interval(secs => %s)))
             """,
-            (f"onceflow/{self.job}/e%", session_name(self.job, None)),
+            (
+                f"onceflow/{self.job}/e%",
+                session_name(self.job, None),
+                session_name(self.job, None),
+                LOCK_WAIT_S,
+            ),
         ).fetchall()
         conn.commit()
         return sum(1 for (ok,) in rows if ok)
 
     def current_epoch(self) -> int | None:
-        with self.connect() as conn:
-            row = conn.execute(
+        row = self.read(
+            "read the current epoch",
+            lambda conn: conn.execute(
                 "SELECT epoch FROM onceflow.jobs WHERE job = %s", (self.job,)
-            ).fetchone()
-            return None if row is None else int(row[0])
+            ).fetchone(),
+        )
+        return None if row is None else int(row[0])
 
     def fence(self, conn: psycopg.Connection, epoch: int) -> None:
         """Inside `conn`'s open transaction, lock the job row if `epoch` is still current.
@@ -200,59 +307,78 @@ class Ledger:
     # -- windows ------------------------------------------------------------------------------
 
     def windows(self, *, pending_only: bool = False, since: int = 0) -> list[Window]:
+        """The job's windows in order; `pending_only`: those not completed nor skipped."""
         query = sql.SQL(
-            "SELECT window_id, offsets, epoch, stats, completed_at IS NOT NULL"
+            "SELECT window_id, offsets, epoch, stats, completed_at IS NOT NULL, skip_reason"
             " FROM onceflow.windows WHERE job = %s AND window_id > %s {} ORDER BY window_id"
-        ).format(sql.SQL("AND completed_at IS NULL") if pending_only else sql.SQL(""))
-        with self.connect() as conn:
-            rows = conn.execute(query, (self.job, since)).fetchall()
-        return [Window(self.job, int(w), o, int(e), s, bool(c)) for w, o, e, s, c in rows]
+        ).format(
+            sql.SQL("AND completed_at IS NULL AND skipped_at IS NULL")
+            if pending_only
+            else sql.SQL("")
+        )
+        rows = self.read(
+            "read the windows", lambda conn: conn.execute(query, (self.job, since)).fetchall()
+        )
+        return [Window(self.job, int(w), o, int(e), s, bool(c), r) for w, o, e, s, c, r in rows]
 
     def window(self, window_id: int) -> Window | None:
-        with self.connect() as conn:
-            row = conn.execute(
-                "SELECT offsets, epoch, stats, completed_at IS NOT NULL FROM onceflow.windows"
-                " WHERE job = %s AND window_id = %s",
+        row = self.read(
+            f"read window {window_id}",
+            lambda conn: conn.execute(
+                "SELECT offsets, epoch, stats, completed_at IS NOT NULL, skip_reason"
+                " FROM onceflow.windows WHERE job = %s AND window_id = %s",
                 (self.job, window_id),
-            ).fetchone()
+            ).fetchone(),
+        )
         if row is None:
             return None
-        return Window(self.job, window_id, row[0], int(row[1]), row[2], bool(row[3]))
+        return Window(self.job, window_id, row[0], int(row[1]), row[2], bool(row[3]), row[4])
 
     def last_window_id(self) -> int:
-        with self.connect() as conn:
-            row = conn.execute(
+        row = self.read(
+            "read the last window id",
+            lambda conn: conn.execute(
                 "SELECT coalesce(max(window_id), 0) FROM onceflow.windows WHERE job = %s",
                 (self.job,),
-            ).fetchone()
+            ).fetchone(),
+        )
         return int(row[0]) if row else 0
 
     def unplanned(self, units: Sequence[str]) -> list[str]:
         """The source units (in the given order) that no window has taken yet."""
         if not units:
             return []
-        with self.connect() as conn:
-            rows = conn.execute(
+        rows = self.read(
+            "find the unplanned input",
+            lambda conn: conn.execute(
                 "SELECT p FROM unnest(%s::text[]) WITH ORDINALITY AS u(p, i)"
                 " WHERE NOT EXISTS (SELECT 1 FROM onceflow.source_units f"
                 "                   WHERE f.job = %s AND f.unit = u.p) ORDER BY i",
                 (list(units), self.job),
-            ).fetchall()
+            ).fetchall(),
+        )
         return [p for (p,) in rows]
 
     def last_offsets(self) -> dict[str, Any] | None:
         """The offsets of the newest planned window (None before the first)."""
-        with self.connect() as conn:
-            row = conn.execute(
+        row = self.read(
+            "read the last window's offsets",
+            lambda conn: conn.execute(
                 "SELECT offsets FROM onceflow.windows WHERE job = %s"
                 " ORDER BY window_id DESC LIMIT 1",
                 (self.job,),
-            ).fetchone()
+            ).fetchone(),
+        )
         return None if row is None else dict(row[0])
 
     def plan_window(self, epoch: int, offsets: dict[str, Any], units: Iterable[str]) -> Window:
-        """Write a new window ahead of processing it (fenced; its units are taken for good)."""
-        with self.connect(epoch) as conn:
+        """Write a new window ahead of processing it (fenced; its units are taken for good).
+
+        If the COMMIT gets no answer, the window is looked up by its id, epoch and offsets
+        before planning again, so a lost answer never plans the same input twice."""
+        units = list(units)
+
+        def plan(conn: psycopg.Connection) -> tuple[Window, int]:
             self.fence(conn, epoch)
             row = conn.execute(
                 "SELECT coalesce(max(window_id), 0) + 1 FROM onceflow.windows WHERE job = %s",
@@ -271,25 +397,37 @@ class Ledger:
                     [(self.job, unit, window_id) for unit in units],
                 )
             faults.point("plan", window_id)
-            conn.commit()
-        return Window(self.job, window_id, offsets, epoch)
+            return Window(self.job, window_id, offsets, epoch), window_id
+
+        def planned(conn: psycopg.Connection, window_id: int) -> Window | None:
+            row = conn.execute(
+                "SELECT 1 FROM onceflow.windows WHERE job = %s AND window_id = %s AND epoch = %s"
+                " AND offsets = %s::jsonb",
+                (self.job, window_id, epoch, json.dumps(offsets)),
+            ).fetchone()
+            return None if row is None else Window(self.job, window_id, offsets, epoch)
+
+        return self._decided("plan a window", plan, planned, epoch)
 
     def restore_window(self, window: Window, units: Iterable[str]) -> None:
         """Put back a window rebuilt from the sinks' commit records (ledger loss)."""
-        with self.connect() as conn:
+        indexed = [(u, window.window_id) for u in units]
+
+        def restore(conn: psycopg.Connection) -> None:
             conn.execute(
                 "INSERT INTO onceflow.windows (job, window_id, offsets, epoch) VALUES"
                 " (%s, %s, %s, %s) ON CONFLICT DO NOTHING",
                 (self.job, window.window_id, json.dumps(window.offsets), window.epoch),
             )
-            self._index_units(conn, [(u, window.window_id) for u in units])
-            conn.commit()
+            self._index_units(conn, indexed)
+
+        self.write(f"restore window {window.window_id}", restore)
 
     def restore_units(self, units: Iterable[tuple[str, int]]) -> None:
         """Re-create the unit index (unit, window id) from the windows' offsets."""
-        with self.connect() as conn:
-            self._index_units(conn, list(units))
-            conn.commit()
+        indexed = list(units)
+        if indexed:
+            self.write("restore the unit index", lambda conn: self._index_units(conn, indexed))
 
     def _index_units(self, conn: psycopg.Connection, units: list[tuple[str, int]]) -> None:
         if not units:
@@ -303,32 +441,52 @@ class Ledger:
 
     def indexed_windows(self) -> set[int]:
         """Windows that have at least one unit in the index."""
-        with self.connect() as conn:
-            rows = conn.execute(
+        rows = self.read(
+            "read the unit index",
+            lambda conn: conn.execute(
                 "SELECT DISTINCT window_id FROM onceflow.source_units WHERE job = %s", (self.job,)
-            ).fetchall()
+            ).fetchall(),
+        )
         return {int(w) for (w,) in rows}
 
     def record_stats(self, window_id: int, stats: dict[str, Any]) -> None:
-        with self.connect() as conn:
-            conn.execute(
+        self.write(
+            f"record window {window_id}'s stats",
+            lambda conn: conn.execute(
                 "UPDATE onceflow.windows SET stats = %s WHERE job = %s AND window_id = %s",
                 (json.dumps(stats), self.job, window_id),
-            )
-            conn.commit()
+            ),
+        )
 
     def mark_completed(self, window_id: int) -> None:
-        with self.connect() as conn:
-            conn.execute(
+        self.write(
+            f"mark window {window_id} completed",
+            lambda conn: conn.execute(
                 "UPDATE onceflow.windows SET completed_at = now()"
                 " WHERE job = %s AND window_id = %s AND completed_at IS NULL",
                 (self.job, window_id),
+            ),
+        )
+
+    def skip_window(self, epoch: int, window_id: int, reason: str) -> None:
+        """Record that the operator gave up a pending window (fenced; never undone)."""
+
+        def skip(conn: psycopg.Connection) -> None:
+            self.fence(conn, epoch)
+            conn.execute(
+                "UPDATE onceflow.windows SET skipped_at = coalesce(skipped_at, now()),"
+                " skip_reason = coalesce(skip_reason, %s)"
+                " WHERE job = %s AND window_id = %s AND completed_at IS NULL",
+                (reason, self.job, window_id),
             )
-            conn.commit()
+
+        self.write(f"skip window {window_id}", skip, epoch)
 
     def plan_restatement(self, epoch: int, window_id: int, request_id: str) -> int:
-        """Write a restatement ahead; the same request always gets the same sequence number."""
-        with self.connect(epoch) as conn:
+        """Write a restatement ahead; the same request always gets the same sequence number
+        (so an attempt after an unanswered COMMIT finds the one that committed)."""
+
+        def plan(conn: psycopg.Connection) -> int:
             self.fence(conn, epoch)
             row = conn.execute(
                 "SELECT seq FROM onceflow.restatements WHERE job = %s AND request_id = %s",
@@ -341,33 +499,40 @@ class Ledger:
                     " FROM onceflow.restatements WHERE job = %s RETURNING seq",
                     (self.job, window_id, request_id, epoch, self.job),
                 ).fetchone()
-            conn.commit()
-        assert row is not None
-        return int(row[0])
+            assert row is not None
+            return int(row[0])
+
+        return self.write(f"plan restatement {request_id}", plan, epoch)
 
     def restatement_completed(self, seq: int) -> bool:
-        with self.connect() as conn:
-            row = conn.execute(
+        row = self.read(
+            f"read restatement {seq}",
+            lambda conn: conn.execute(
                 "SELECT completed_at IS NOT NULL FROM onceflow.restatements"
                 " WHERE job = %s AND seq = %s",
                 (self.job, seq),
-            ).fetchone()
+            ).fetchone(),
+        )
         return bool(row and row[0])
 
     def pending_restatements(self) -> list[tuple[int, int, str]]:
         """Restatements planned but not finished: (seq, window id, request id)."""
-        with self.connect() as conn:
-            rows = conn.execute(
+        rows = self.read(
+            "read the pending restatements",
+            lambda conn: conn.execute(
                 "SELECT seq, window_id, request_id FROM onceflow.restatements"
                 " WHERE job = %s AND completed_at IS NULL ORDER BY seq",
                 (self.job,),
-            ).fetchall()
+            ).fetchall(),
+        )
         return [(int(s), int(w), str(r)) for s, w, r in rows]
 
     def complete_restatement(self, seq: int) -> None:
-        with self.connect() as conn:
-            conn.execute(
-                "UPDATE onceflow.restatements SET completed_at = now() WHERE job = %s AND seq = %s",
+        self.write(
+            f"mark restatement {seq} completed",
+            lambda conn: conn.execute(
+                "UPDATE onceflow.restatements SET completed_at = coalesce(completed_at, now())"
+                " WHERE job = %s AND seq = %s",
                 (self.job, seq),
-            )
-            conn.commit()
+            ),
+        )

@@ -1,20 +1,48 @@
-"""Connections to PostgreSQL: the embedded server, DSN redaction, and error translation."""
+"""Connections to PostgreSQL: the embedded server, DSN redaction, error translation, and the
+retries that let a job ride out a lost connection."""
 
 from __future__ import annotations
 
 import logging
+import os
+import random
 import re
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TypeVar
 
 import psycopg
 from psycopg import conninfo
 
-from onceflow.errors import ConfigurationError
+from onceflow.errors import ConfigurationError, PostgresUnavailableError
 
 _log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 # How long a connection attempt may take before the job reports the server unreachable.
 CONNECT_TIMEOUT_S = 10
+# How long PostgreSQL work that failed on a lost connection is retried before the run gives up.
+RETRY_ENV = "ONCEFLOW_PG_RETRY_S"
+DEFAULT_RETRY_S = 60.0
+# A run's first connection is retried for at most this long: nothing is under way yet.
+STARTUP_RETRY_S = 10.0
+# Backoff between attempts: doubling from the first delay up to the cap, with jitter.
+FIRST_RETRY_DELAY_S = 0.05
+MAX_RETRY_DELAY_S = 5.0
+# SQLSTATEs that end the session while the server stays (or soon is again) reachable: admin or
+# crash shutdown, starting up, idle-session timeouts, too many connections; and class 08.
+_SESSION_GONE = frozenset({"57P01", "57P02", "57P03", "57P05", "25P03", "53300"})
+# A failed connection attempt that no retry can fix: wrong credentials, database or role, or an
+# access rule. libpq reports these without a SQLSTATE, so they are told by the server's words.
+_CONFIG_FAILURES = re.compile(
+    r"does not exist|authentication failed|no pg_hba\.conf entry|no password supplied|"
+    r"password|permission denied|not permitted to log in|not currently accepting connections|"
+    r"does not support SSL|unsupported frontend protocol|invalid value for parameter|"
+    r"unrecognized configuration parameter|certificate",
+    re.IGNORECASE,
+)
 _PASSWORD_IN_URI = re.compile(r"(://[^:/@]*:)[^@]*@")
 _PASSWORD_KV = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
 
@@ -51,22 +79,41 @@ def embedded_dsn(home: Path) -> str:
 
 
 def connect(
-    dsn: str, *, autocommit: bool = False, application_name: str = "onceflow"
+    dsn: str,
+    *,
+    autocommit: bool = False,
+    application_name: str = "onceflow",
+    settings: Mapping[str, str] | None = None,
 ) -> psycopg.Connection:
-    """Open a connection, turning failures into a ConfigurationError that hides credentials."""
+    """Open a connection.
+
+    `settings` are server settings given in the startup packet (`-c name=value`), so they hold
+    from the first statement without a round trip; they are added to any `options` of the DSN.
+
+    Raises:
+        ConfigurationError: The DSN is malformed, or the server refused it for good (credentials,
+            unknown database or role, access rules); credentials are never quoted.
+        psycopg.OperationalError: The server could not be reached (refused, reset, timed out,
+            starting up): a lost connection that `retrying` retries.
+    """
+    extra: dict[str, str] = {}
+    if settings:
+        given = _dsn_options(dsn)
+        ours = " ".join(f"-c {name}={value}" for name, value in settings.items())
+        extra["options"] = f"{given} {ours}".strip()
     try:
         return psycopg.connect(
             dsn,
             autocommit=autocommit,
             connect_timeout=CONNECT_TIMEOUT_S,
             application_name=application_name,
+            **extra,
         )
     except psycopg.OperationalError as exc:
-        reason = redact(
-            str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        )
+        if is_lost_connection(exc):
+            raise
         raise ConfigurationError(
-            f"cannot connect to PostgreSQL ({describe_dsn(dsn)}): {reason}. Check "
+            f"cannot connect to PostgreSQL ({describe_dsn(dsn)}): {_first_line(exc)}. Check "
             "ONCEFLOW_POSTGRES_DSN, or unset it to use the embedded server."
         ) from None
     except psycopg.ProgrammingError:
@@ -74,6 +121,134 @@ def connect(
             "ONCEFLOW_POSTGRES_DSN is not a valid libpq DSN or URI; write it as "
             "'postgresql://user@host:5432/db' or 'host=... dbname=...'."
         ) from None
+
+
+def _dsn_options(dsn: str) -> str:
+    try:
+        return str(conninfo.conninfo_to_dict(dsn).get("options") or "")
+    except psycopg.ProgrammingError:
+        return ""  # connect() reports the malformed DSN
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return redact(text.splitlines()[0] if text else type(exc).__name__)
+
+
+def is_lost_connection(exc: BaseException) -> bool:
+    """Whether `exc` means the connection is gone (or could not be made) for a reason that may
+    pass: the network, a restart or failover of the server, a session ended by the server.
+
+    Not: SQL errors, constraint violations, lock or statement timeouts, wrong credentials.
+    """
+    if not isinstance(exc, psycopg.Error):
+        return False
+    state = exc.sqlstate
+    if state is not None:
+        return state.startswith("08") or state in _SESSION_GONE
+    if isinstance(exc, psycopg.InterfaceError):
+        text = str(exc).lower()
+        return "connection" in text and ("closed" in text or "lost" in text)
+    # libpq's own errors (server closed the connection unexpectedly, SSL SYSCALL error,
+    # connection refused or timed out, the connection is closed) carry no SQLSTATE; so do
+    # failed connection attempts, some of which are for good.
+    return isinstance(exc, psycopg.OperationalError) and not _CONFIG_FAILURES.search(str(exc))
+
+
+def retry_deadline_s() -> float:
+    """How long lost-connection failures are retried (`ONCEFLOW_PG_RETRY_S`, default 60 s)."""
+    raw = os.environ.get(RETRY_ENV, "").strip()
+    if not raw:
+        return DEFAULT_RETRY_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise ConfigurationError(
+            f"{RETRY_ENV}={raw!r}: give the seconds to keep retrying PostgreSQL work after a lost "
+            "connection, as a number >= 0."
+        )
+    return value
+
+
+def retry_delays(deadline_s: float) -> Callable[[], float | None]:
+    """A backoff schedule: each call gives the next delay, or None once `deadline_s` has passed
+    since the first call. Delays double from FIRST_RETRY_DELAY_S to MAX_RETRY_DELAY_S with
+    jitter (so the runs and executors that lost the server do not come back in step)."""
+    ends = time.monotonic() + deadline_s
+    step = [FIRST_RETRY_DELAY_S]
+
+    def next_delay() -> float | None:
+        left = ends - time.monotonic()
+        if left <= 0:
+            return None
+        delay = min(step[0] * random.uniform(0.5, 1.0), left)
+        step[0] = min(step[0] * 2, MAX_RETRY_DELAY_S)
+        return delay
+
+    return next_delay
+
+
+def retrying(
+    op: Callable[[], T],
+    *,
+    what: str,
+    dsn: str,
+    deadline_s: float | None = None,
+    quiet: bool = False,
+) -> T:
+    """Run `op`, again after a lost connection, with backoff, until `deadline_s` (default
+    `ONCEFLOW_PG_RETRY_S`) has passed since the first loss.
+
+    `op` must open its own connection and be safe to run again: read-only work, idempotent
+    writes, or writes that first decide whether an earlier attempt was applied. Other errors
+    pass through at once. The first retry is logged as a warning (unless `quiet`), later ones
+    at INFO.
+
+    Raises:
+        PostgresUnavailableError: The server stayed unreachable past the deadline; the message
+            names `what` and the server (never credentials).
+    """
+    delays: Callable[[], float | None] | None = None
+    attempts = 0
+    while True:
+        attempts += 1
+        try:
+            return op()
+        except Exception as exc:
+            if not is_lost_connection(exc):
+                raise
+            if delays is None:
+                limit = retry_deadline_s() if deadline_s is None else deadline_s
+                delays = retry_delays(limit)
+            delay = delays()
+            reason = _first_line(exc)
+            if delay is None:
+                raise PostgresUnavailableError(
+                    f"could not {what}: PostgreSQL ({describe_dsn(dsn)}) stayed unreachable for "
+                    f"{limit:g}s ({attempts} attempt(s); the limit is {RETRY_ENV}); last error: "
+                    f"{reason}. Run the job again once the server is reachable: it resumes "
+                    "where this run stopped."
+                ) from None
+            _log.log(
+                logging.INFO if quiet or attempts > 1 else logging.WARNING,
+                "lost the connection to PostgreSQL (%s) while trying to %s (%s); retrying for "
+                "up to %gs",
+                describe_dsn(dsn),
+                what,
+                reason,
+                limit,
+            )
+            time.sleep(delay)
+
+
+def check_reachable(dsn: str) -> None:
+    """Connect once before a run starts Spark: a server that is wrong fails at once
+    (ConfigurationError); one that is down (or restarting) is retried quietly for at most
+    STARTUP_RETRY_S, then fails (PostgresUnavailableError)."""
+    deadline = min(STARTUP_RETRY_S, retry_deadline_s())
+    retrying(lambda: connect(dsn).close(), what="connect", dsn=dsn, deadline_s=deadline, quiet=True)
 
 
 def resolve_dsn(postgres_dsn: str | None, home: Path) -> str:

@@ -11,12 +11,10 @@ recorded old one).
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from onceflow._staging import WindowStage
 from onceflow.engine import WindowResult
 from onceflow.errors import ConfigurationError
 
@@ -48,6 +46,7 @@ def restate_windows(
     run_id = run_id or uuid.uuid4().hex
     request_id = request_id or run_id
     epoch = engine.start(run_id)
+    engine.check_sinks_hold_completed()
     ledger = engine.ledger
     windows: list[Window] = []
     for wid in sorted(set(window_ids)):
@@ -55,6 +54,11 @@ def restate_windows(
         if window is None:
             raise ConfigurationError(
                 f"job {engine.job.name}: window {wid} was never planned; nothing was restated."
+            )
+        if window.skipped is not None:
+            raise ConfigurationError(
+                f"job {engine.job.name}: window {wid} was skipped ({window.skipped}); it has no "
+                "effect to restate."
             )
         windows.append(window)
     pending = [
@@ -64,28 +68,15 @@ def restate_windows(
         )
         for window in windows
     ]
-    todo = [(w, seq) for w, seq in pending if not ledger.restatement_completed(seq)]
-    for window, _ in todo:
-        for group in engine.groups:
-            group.check_restate(window)
+    # Every unfinished restatement, older requests' first: a Delta table records only the
+    # highest sequence number it applied, so they must be applied in order.
+    todo = engine.planned_restatements()
+    applying = {w.window_id for w, seq in todo if seq in {s for _, s in pending}}
     results = [
         WindowResult(w.window_id, w.offsets, w.stats or {})
-        for w, seq in pending
-        if (w, seq) not in todo
+        for w, _ in pending
+        if w.window_id not in applying
     ]
-    for window, seq in todo:
-        t0 = time.monotonic()
-        tag = f"-r{seq}"
-        outputs, stats = engine.outputs(window, stage_tag=tag)
-        result = WindowResult(window.window_id, window.offsets, stats)
-        for group in engine.groups:
-            result.sinks.update(group.restate(window, outputs, epoch=epoch, run_id=run_id, seq=seq))
-        ledger.record_stats(window.window_id, stats)
-        ledger.complete_restatement(seq)
-        WindowStage(
-            engine.settings.lake, engine.job.name, window.window_id, window.offsets, tag
-        ).discard()
-        result.latency_s = time.monotonic() - t0
-        results.append(result)
+    results += engine.restate(todo, epoch, run_id)
     results.sort(key=lambda r: r.window_id)
     return results

@@ -42,6 +42,54 @@ def pending_work(engine: Engine) -> PendingWork:
     return PendingWork(len(units), pending, max(ages) if ages else None)
 
 
+@dataclass(frozen=True)
+class Freshness:
+    """Whether the job's visible input is planned into windows within its freshness bound.
+
+    Attributes:
+        bound_s: The job's `freshness_s`.
+        unplanned: Visible input units no window has taken yet.
+        oldest_unplanned_age_s: Age of the oldest of them, when the source knows it.
+    """
+
+    bound_s: float
+    unplanned: int
+    oldest_unplanned_age_s: float | None
+
+    @property
+    def fresh(self) -> bool:
+        age = self.oldest_unplanned_age_s
+        return age is None or age <= self.bound_s
+
+
+def freshness(engine: Engine) -> Freshness:
+    """The job's freshness: input left unplanned for longer than its bound makes it stale."""
+    work = pending_work(engine)
+    return Freshness(engine.job.freshness_s, work.unplanned, work.oldest_unplanned_age_s)
+
+
+@dataclass(frozen=True)
+class OpenItems:
+    """What an operator must know is not finished or was given up.
+
+    Attributes:
+        restatements: Restatements written ahead and not applied yet: (seq, window, request).
+        skipped: Windows an operator skipped: (window id, reason).
+    """
+
+    restatements: tuple[tuple[int, int, str], ...]
+    skipped: tuple[tuple[int, str], ...]
+
+
+def open_items(engine: Engine) -> OpenItems:
+    """Unfinished restatements and skipped windows (shown until they are gone; skips stay)."""
+    engine.prepare()
+    skipped = tuple(
+        (w.window_id, w.skipped) for w in engine.ledger.windows() if w.skipped is not None
+    )
+    return OpenItems(tuple(engine.ledger.pending_restatements()), skipped)
+
+
 # How many of the newest windows the status lists one by one.
 RECENT_WINDOWS = 10
 
@@ -68,7 +116,12 @@ def job_status(engine: Engine) -> dict[str, Any]:
         "epoch": ledger.current_epoch(),
         "windows": len(windows),
         "last_window": windows[-1].window_id if windows else 0,
-        "pending": [w.window_id for w in windows if not w.completed],
+        "pending": [w.window_id for w in windows if not w.completed and w.skipped is None],
+        "skipped": [
+            {"window_id": w.window_id, "reason": w.skipped}
+            for w in windows
+            if w.skipped is not None
+        ],
         "restatements_pending": [
             {"seq": seq, "window_id": wid, "request_id": req}
             for seq, wid, req in ledger.pending_restatements()
@@ -80,6 +133,7 @@ def job_status(engine: Engine) -> dict[str, Any]:
                 "units": source.units(w.offsets),
                 "offsets": w.offsets,
                 "completed": w.completed,
+                "skipped": w.skipped,
                 "stats": w.stats,
                 "sinks": {name: name in held[w.window_id] for name in engine.sink_names},
             }
@@ -89,6 +143,8 @@ def job_status(engine: Engine) -> dict[str, Any]:
             "unplanned_units": len(unplanned),
             "unplanned_bytes": sum(sizes),
             "oldest_unplanned_age_s": round(max(ages), 1) if ages else 0.0,
+            "freshness_s": engine.job.freshness_s,
+            "fresh": not ages or max(ages) <= engine.job.freshness_s,
         },
     }
 
@@ -105,7 +161,9 @@ def format_status(status: dict[str, Any]) -> str:
         pending = ", ".join(
             f"window {r['window_id']} (seq {r['seq']})" for r in status["restatements_pending"]
         )
-        lines.append(f"restatements not finished: {pending}")
+        lines.append(f"restatements not finished: {pending} (the next run finishes them)")
+    for skip in status["skipped"]:
+        lines.append(f"window {skip['window_id']} skipped: {skip['reason']}")
     lines.append("sinks:")
     for name, sink in status["sinks"].items():
         lines.append(
@@ -115,6 +173,7 @@ def format_status(status: dict[str, Any]) -> str:
     lines.append(
         f"lag: {lag['unplanned_units']} unplanned unit(s), {lag['unplanned_bytes']} bytes, "
         f"oldest {lag['oldest_unplanned_age_s']}s"
+        + ("" if lag["fresh"] else f" (STALE: older than the job's {lag['freshness_s']}s bound)")
     )
     if status["recent"]:
         lines.append("recent windows:")
@@ -124,6 +183,8 @@ def format_status(status: dict[str, Any]) -> str:
         more = f" +{len(units) - 1}" if len(units) > 1 else ""
         missing = [n for n, ok in w["sinks"].items() if not ok]
         state = "complete" if not missing else f"missing in {', '.join(missing)}"
+        if w["skipped"] is not None:
+            state = f"skipped ({w['skipped']})"
         stats = w["stats"] or {}
         lines.append(
             f"  {w['window_id']:>6}  {first}{more}  kept={stats.get('kept', '?')} "

@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+import psycopg
 import pytest
+from psycopg import sql
 
 from onceflow.generate import generate_payments
 from tests.support.cli import RUN_TIMEOUT_S, CliRun, Finished
@@ -95,7 +97,7 @@ def _wait_stopped(run: CliRun, timeout: float) -> None:
             return
         time.sleep(0.5)
     run.kill_group()
-    pytest.fail("the zombie never froze at before_pg_commit@2")
+    pytest.fail("the run never froze at its fault point")
 
 
 def test_frozen_zombie_is_fenced_and_writes_nothing(site: Site) -> None:
@@ -121,6 +123,81 @@ def test_frozen_zombie_is_fenced_and_writes_nothing(site: Site) -> None:
     assert sorted(after.delta_payments) == sorted(before.delta_payments)
     assert sorted(after.pg_payments) == sorted(before.pg_payments)
     assert sorted(after.balances) == sorted(before.balances)
+    site.assert_exact()
+
+
+def _crash_restart_server(dsn: str) -> None:
+    """Crash one server process from outside: the postmaster ends every session, runs crash
+    recovery (which empties UNLOGGED tables) and accepts connections again."""
+    victim = psycopg.connect(dsn, autocommit=True)
+    pid = victim.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    time.sleep(1)
+    while True:
+        try:
+            with psycopg.connect(dsn, connect_timeout=5) as conn:
+                conn.execute("SELECT 1")
+            return
+        except psycopg.OperationalError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+        finally:
+            victim.close()
+
+
+def _staged_rows(dsn: str) -> dict[str, int]:
+    with psycopg.connect(dsn) as conn:
+        names = [
+            n
+            for (n,) in conn.execute(
+                "SELECT relname FROM pg_class WHERE relpersistence = 'u'"
+                " AND relnamespace = 'onceflow'::regnamespace AND relkind = 'r'"
+            )
+        ]
+        return {
+            n: conn.execute(
+                sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier("onceflow", n))
+            ).fetchone()[0]  # type: ignore[index]
+            for n in names
+        }
+
+
+def test_server_crash_restart_between_staging_and_apply_restages(site: Site) -> None:
+    run = site.start(fault="pg_staged@2:stop")
+    try:
+        _wait_stopped(run, RUN_TIMEOUT_S)
+        before = _staged_rows(site.dsn)
+        assert before and all(rows > 0 for rows in before.values()), before
+        _crash_restart_server(site.dsn)
+        after = _staged_rows(site.dsn)
+        assert after == {name: 0 for name in before}, after  # the restart emptied them
+        os.kill(run.pid, signal.SIGCONT)
+        finished = run.finish()
+    finally:
+        run.kill_group()
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    assert "staging again" in finished.stderr
+    site.assert_exact()
+
+
+def _drop_plan(dsn: str) -> None:
+    with psycopg.connect(dsn) as conn:
+        conn.execute("DELETE FROM onceflow.windows WHERE job = 'payments'")
+        conn.execute("DELETE FROM onceflow.source_units WHERE job = 'payments'")
+
+
+@pytest.mark.parametrize(
+    "point",
+    ["plan", "before_sinks", "after_delta", "pg_staged", "pg_commit_sent", "after_commits"],
+)
+def test_plan_lost_after_a_crash_then_another_window_size_is_exact(site: Site, point: str) -> None:
+    crashed = site.run(fault=f"{point}@2", max_files=2)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
+    _drop_plan(site.dsn)  # stages of the old plan stay in the lake
+    rerun = site.run(max_files=3)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
     site.assert_exact()
 
 

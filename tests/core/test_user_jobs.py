@@ -564,3 +564,12 @@ def test_two_jobs_share_a_database_and_a_lake(
         [["orders-001.csv"], ["orders-002.csv"]]
     )
     assert reconcile(payments, dry_run=True).clean
+
+    # Restating window 1 of one job replaces its quarantine rows only: the shared table's rows
+    # of the other job's window 1 stay.
+    orders_state = _other_job_state(pg_dsn, JOB)
+    from onceflow.restate import restate_windows
+
+    restate_windows(payments, [1], request_id="shared-quarantine")
+    assert _other_job_state(pg_dsn, JOB) == orders_state
+    assert reconcile(payments, dry_run=True).clean

@@ -18,6 +18,7 @@ from dagster._core.storage.dagster_run import DagsterRun
 
 import definitions
 from onceflow.generate import generate_payments
+from resources import OnceflowSettingsResource, PostgresResource, SparkResource
 from tests.support.oracle import expected_outputs
 from tests.support.outputs import actual_outputs, assert_exact
 
@@ -108,3 +109,37 @@ def test_new_data_sensor_follows_the_ledger_and_recovery_commits_unplanned_input
     assert mat.metadata["windows_incomplete"].value == 0
     assert_exact(expected_outputs(landing), actual_outputs(pg_dsn, lake))
     assert tick() == []  # nothing left to do
+
+
+def test_new_data_sensor_leaves_the_work_to_dagsters_coming_retry(
+    instance: DagsterInstance, pg_dsn: str, lake: Path, landing: Path, tmp_path: Path
+) -> None:
+    # The sensor reads the ledger only: no Spark session is started for it.
+    settings = OnceflowSettingsResource(
+        home=str(tmp_path / "home"), lake=str(lake), landing=str(landing)
+    )
+    postgres = PostgresResource(dsn=pg_dsn)
+    defs = definitions.build_defs(
+        {"spark": SparkResource(), "postgres": postgres, "onceflow": settings}
+    )
+    sensor = defs.resolve_sensor_def("payments_new_data_sensor")
+
+    def tick() -> list:
+        context = build_sensor_context(
+            instance=instance, resources={"onceflow": settings, "postgres": postgres}
+        )
+        out = sensor(context)
+        return [] if isinstance(out, SkipReason) else list(out.run_requests or [])
+
+    generate_payments(landing, records=100, files=1, seed=5)
+    assert len(tick()) == 1
+    # A run just failed and Dagster will retry it, but the retry does not exist yet: no run is
+    # queued, yet a new one would only queue ahead of the retry and take its work.
+    failed = _fail(instance, **{"onceflow/job": "payments", "dagster/will_retry": "true"})
+    assert tick() == []
+    # The retry exists (and has ended): the input is the sensor's again.
+    instance.add_run_tags(failed, {"dagster/auto_retry_run_id": "a-retry"})
+    assert len(tick()) == 1
+    # A failure Dagster will not retry leaves the work to the sensor (and the failure sensor).
+    _fail(instance, **{"onceflow/job": "payments", "dagster/will_retry": "false"})
+    assert len(tick()) == 1

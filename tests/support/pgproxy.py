@@ -1,7 +1,9 @@
-"""A TCP proxy in front of PostgreSQL that can swallow the answer to a sink's COMMIT."""
+"""A TCP proxy in front of PostgreSQL that can swallow the answer to a sink's COMMIT, or, as a
+flaky network, the answers to a share of all COMMITs and other statements."""
 
 from __future__ import annotations
 
+import random
 import socket
 import struct
 import threading
@@ -17,13 +19,21 @@ _CANCEL_REQUEST = 80877102
 MARKER_INSERT = b"INSERT INTO onceflow.sink_commits"
 
 
+# Server messages after which a statement's answer is complete (ReadyForQuery), or after which
+# the server waits for the client (CopyIn/CopyOut/CopyBoth responses).
+_ANSWERED = frozenset(b"ZGHW")
+
+
 @dataclass
 class Drop:
-    """One connection the proxy cut after the server had answered a COMMIT."""
+    """One connection the proxy cut after the server had answered a COMMIT (kind "commit") or
+    another statement (kind "reply")."""
 
     connection: int
     reply_bytes: int
     at: float
+    kind: str = "commit"
+    what: str = ""  # the statement whose answer was lost (for a COMMIT: its transaction's first)
 
 
 @dataclass
@@ -34,6 +44,11 @@ class _Conn:
     saw_marker_insert: bool = False
     tx_matches: bool = False
     drop_pending: bool = False
+    drop_kind: str = "commit"
+    drop_what: str = ""
+    statement: str = ""  # the last statement sent
+    tx_first: str = ""  # the open transaction's first statement (BEGIN, SET, fence aside)
+    extended_commit: bool = False  # a COMMIT parsed with the extended protocol awaits its Sync
     closed: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -81,6 +96,10 @@ class PgProxy:
         self._conns: list[_Conn] = []
         self.drops: list[Drop] = []
         self.connections = 0
+        self.commits = 0  # COMMITs the clients sent (either protocol)
+        self._lose_commit = 0.0
+        self._lose_reply = 0.0
+        self._rng = random.Random(0)
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._accept, name="pgproxy", daemon=True)
         self._thread.start()
@@ -100,6 +119,43 @@ class PgProxy:
     def armed(self) -> int:
         with self._lock:
             return len(self._armed)
+
+    def flaky(self, commits: float = 0.0, replies: float = 0.0, seed: int = 0) -> None:
+        """Act as a flaky network: forward each COMMIT, and with probability `commits` wait for
+        the server's answer (so it committed) and cut the connection instead of forwarding it;
+        likewise, with probability `replies`, any other statement (simple Query or extended
+        Sync). Seeded, so a run can be repeated; `flaky()` turns it off."""
+        with self._lock:
+            self._lose_commit = commits
+            self._lose_reply = replies
+            self._rng = random.Random(seed)
+
+    def lost(self, kind: str | None = None) -> int:
+        """How many answers the proxy swallowed (of one kind: "commit" or "reply")."""
+        with self._lock:
+            return sum(1 for d in self.drops if kind is None or d.kind == kind)
+
+    def _chance(self, probability: float) -> bool:
+        if probability <= 0:
+            return False
+        with self._lock:
+            return self._rng.random() < probability
+
+    def _drop_next_answer(self, conn: _Conn, kind: str) -> None:
+        conn.drop_kind = kind
+        if kind != "commit":  # a COMMIT's transaction was named when it ended
+            conn.drop_what = conn.statement
+        conn.drop_pending = True
+
+    def _saw_statement(self, conn: _Conn, query: bytes) -> None:
+        text = " ".join(query.decode(errors="replace").split())[:80]
+        conn.statement = text
+        upper = text.upper()
+        if upper.startswith(("COMMIT", "END", "ROLLBACK", "ABORT")):
+            return
+        fence = upper.startswith("UPDATE ONCEFLOW.JOBS SET HEARTBEAT_AT")
+        if not conn.tx_first and not fence and not upper.startswith(("BEGIN", "SET")):
+            conn.tx_first = text
 
     def close(self) -> None:
         self._stopped.set()
@@ -152,7 +208,9 @@ class PgProxy:
             return False
 
     def _inspect(self, conn: _Conn, kind: bytes, payload: bytes) -> None:
-        """Track the transaction's marker insert; arm the drop on its COMMIT."""
+        """Track the transaction's marker insert; arm the drop on its COMMIT. As a flaky network,
+        decide for each COMMIT and each other statement whether its answer is lost."""
+        self._flaky(conn, kind, payload)
         if kind == b"P" and MARKER_INSERT in payload:
             conn.saw_marker_insert = True
             with self._lock:
@@ -172,6 +230,46 @@ class PgProxy:
                         conn.drop_pending = True
                 conn.saw_marker_insert = False
                 conn.tx_matches = False
+
+    def _flaky(self, conn: _Conn, kind: bytes, payload: bytes) -> None:
+        if kind == b"Q":
+            self._saw_statement(conn, payload.rstrip(b"\x00").strip())
+        elif kind == b"P":
+            parts = payload.split(b"\x00", 2)
+            self._saw_statement(conn, parts[1].strip() if len(parts) > 1 else b"")
+        if conn.drop_pending:
+            return
+        if kind == b"Q":
+            query = payload.rstrip(b"\x00").strip().upper()
+            if query.startswith((b"COMMIT", b"END", b"ROLLBACK", b"ABORT")):
+                self._transaction_ends(conn)
+            if query.startswith((b"COMMIT", b"END")):
+                with self._lock:
+                    self.commits += 1
+                if self._chance(self._lose_commit):
+                    self._drop_next_answer(conn, "commit")
+            elif self._chance(self._lose_reply):
+                self._drop_next_answer(conn, "reply")
+        elif kind == b"P":
+            # Parse: statement name, NUL, query text, NUL, parameter types.
+            parts = payload.split(b"\x00", 2)
+            query = parts[1].strip().upper() if len(parts) > 1 else b""
+            if query.startswith((b"COMMIT", b"END")):
+                conn.extended_commit = True
+        elif kind == b"S":
+            if conn.extended_commit:
+                conn.extended_commit = False
+                self._transaction_ends(conn)
+                with self._lock:
+                    self.commits += 1
+                if self._chance(self._lose_commit):
+                    self._drop_next_answer(conn, "commit")
+            elif self._chance(self._lose_reply):
+                self._drop_next_answer(conn, "reply")
+
+    def _transaction_ends(self, conn: _Conn) -> None:
+        conn.drop_what = conn.tx_first
+        conn.tx_first = ""
 
     def _upstream(self, conn: _Conn) -> None:
         buffer = b""
@@ -208,17 +306,46 @@ class PgProxy:
             conn.close()
 
     def _downstream(self, conn: _Conn) -> None:
+        withheld = b""
         try:
             while True:
                 data = conn.server.recv(65536)
                 if not data:
                     break
                 if conn.drop_pending:
+                    # Withhold the answer until the server has finished the statement (so a
+                    # COMMIT has committed), then cut the connection without forwarding it.
+                    withheld += data
+                    if not _answered(withheld):
+                        continue
                     with self._lock:
-                        self.drops.append(Drop(conn.number, len(data), time.time()))
+                        self.drops.append(
+                            Drop(
+                                conn.number,
+                                len(withheld),
+                                time.time(),
+                                conn.drop_kind,
+                                conn.drop_what,
+                            )
+                        )
                     break
                 conn.client.sendall(data)
         except OSError:
             pass
         finally:
             conn.close()
+
+
+def _answered(data: bytes) -> bool:
+    """Whether the server messages in `data` (from a message boundary) include the end of a
+    statement's answer; an unframeable stream counts as answered."""
+    at = 0
+    while at + 5 <= len(data):
+        kind = data[at]
+        (length,) = struct.unpack("!I", data[at + 1 : at + 5])
+        if length < 4:
+            return True
+        if kind in _ANSWERED:
+            return True
+        at += 1 + length
+    return False

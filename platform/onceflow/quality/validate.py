@@ -46,7 +46,7 @@ SELECT (coalesce((SELECT sum(rows_written) FROM onceflow.sink_commits
 
 # Windows the Delta table holds are those up to its app-transaction version. A window in that
 # range without the output in its stats, or missing from the ledger, leaves the expected count
-# unknown, and that is reported rather than guessed.
+# unknown, and that is reported rather than guessed. Skipped windows were held by no sink.
 _DELTA_LEDGER = """
 SELECT count(*)::bigint,
        count(*) FILTER (
@@ -54,7 +54,7 @@ SELECT count(*)::bigint,
        coalesce(sum((stats -> 'outputs' ->> %(output)s)::bigint) FILTER (
            WHERE jsonb_typeof(stats -> 'outputs' -> %(output)s) = 'number'), 0)::bigint
 FROM onceflow.windows
-WHERE job = %(job)s AND window_id <= %(version)s
+WHERE job = %(job)s AND window_id <= %(version)s AND skipped_at IS NULL
 """
 
 # A table that is gone has no app transaction left to say which windows it held; the windows the

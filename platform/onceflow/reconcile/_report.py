@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,11 @@ class ReconcileReport:
             were left alone.
         sinks: One entry per sink.
         wall_s: Wall-clock seconds the reconciliation took.
+        replayed: Per sink, completed windows it lacked (a lake lost or restored from an older
+            copy) and that were committed to it again.
+        lacking: Per sink, completed windows it lacks and that were not replayed (a dry run,
+            or their input is gone).
+        skipped: Windows an operator skipped, with the reason; they have no rows anywhere.
     """
 
     job: str
@@ -53,11 +58,15 @@ class ReconcileReport:
     unverifiable: list[tuple[int, str]]
     sinks: list[SinkDiff]
     wall_s: float
+    replayed: dict[str, list[int]] = field(default_factory=dict)
+    lacking: dict[str, list[int]] = field(default_factory=dict)
+    skipped: list[tuple[int, str]] = field(default_factory=list)
 
     @property
     def clean(self) -> bool:
-        """True when every sink matched its expected state and every window was checkable."""
-        return not self.unverifiable and all(s.clean for s in self.sinks)
+        """True when every sink matched its expected state, held every completed window, and
+        every window was checkable."""
+        return not self.unverifiable and not self.lacking and all(s.clean for s in self.sinks)
 
 
 def _ranges(ids: list[int]) -> str:
@@ -90,6 +99,13 @@ def format_report(report: ReconcileReport) -> str:
         f"reconcile {report.job} ({report.mode}, {action}) in {report.wall_s:.1f}s",
         f"windows checked: {_ranges(sorted(report.windows_checked))}",
     ]
+    for sink, ids in report.replayed.items():
+        lines.append(f"{sink}: lacked committed windows {_ranges(ids)}; replayed into it")
+    for sink, ids in report.lacking.items():
+        state = "run without --dry-run to replay them" if report.dry_run else "input gone"
+        lines.append(f"{sink}: lacks committed windows {_ranges(ids)} ({state})")
+    for wid, reason in report.skipped:
+        lines.append(f"window {wid}: skipped by an operator ({reason}); no rows expected")
     for wid, reason in report.unverifiable:
         lines.append(f"window {wid}: unverifiable, input gone ({reason}); its rows left alone")
     width = max([len(s.sink) for s in report.sinks] + [4])

@@ -6,7 +6,7 @@ import logging
 import shutil
 import time
 import uuid
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from onceflow._compute import compute
 from onceflow.errors import ConfigurationError
@@ -24,16 +24,18 @@ _log = logging.getLogger(__name__)
 
 
 def _verified_through(engine: Engine) -> dict[str, int]:
-    with engine.ledger.connect() as conn:
-        rows = conn.execute(
+    rows = engine.ledger.read(
+        "read how far reconcile verified",
+        lambda conn: conn.execute(
             "SELECT sink, verified_through FROM onceflow.reconciliations WHERE job = %s",
             (engine.job.name,),
-        ).fetchall()
+        ).fetchall(),
+    )
     return {str(s): int(v) for s, v in rows}
 
 
 def _record_verified(engine: Engine, verified: dict[str, int]) -> None:
-    with engine.ledger.connect() as conn:
+    def record(conn: Any) -> None:  # set-to-a-value: safe to do again after a lost answer
         for sink, through in verified.items():
             conn.execute(
                 "INSERT INTO onceflow.reconciliations (job, sink, verified_through)"
@@ -41,7 +43,8 @@ def _record_verified(engine: Engine, verified: dict[str, int]) -> None:
                 " SET verified_through = EXCLUDED.verified_through, verified_at = now()",
                 (engine.job.name, sink, through),
             )
-        conn.commit()
+
+    engine.ledger.write("record how far reconcile verified", record)
 
 
 def reconcile(
@@ -79,13 +82,25 @@ def reconcile(
     job, spark, settings = engine.job, engine.spark, engine.settings
     run_id = f"reconcile-{uuid.uuid4().hex}"
     epoch: int | None = None
+    replayed: dict[str, list[int]] = {}
     if dry_run:
         engine.prepare()
         engine.rebuild_ledger()
         engine.check_retention()
+        lacking = engine.lacking_windows()
     else:
         epoch = engine.start(run_id)
-    windows = engine.ledger.windows()
+        # A sink that lost committed windows gets them back first, through the commit protocol,
+        # so its commit records are whole again and the diff below sees every window.
+        before = engine.lacking_windows()
+        lacking = engine.replay_lacking(epoch, run_id)
+        replayed = {
+            sink: [w for w in ids if w not in lacking.get(sink, [])] for sink, ids in before.items()
+        }
+        replayed = {sink: ids for sink, ids in replayed.items() if ids}
+    every = engine.ledger.windows()
+    skipped = [(w.window_id, w.skipped) for w in every if w.skipped is not None]
+    windows = [w for w in every if w.skipped is None]
     unverifiable: list[tuple[int, str]] = []
     available: list[Window] = []
     for window in windows:
@@ -143,4 +158,7 @@ def reconcile(
         unverifiable=unverifiable,
         sinks=diffs,
         wall_s=time.monotonic() - started,
+        replayed=replayed,
+        lacking=lacking,
+        skipped=skipped,
     )

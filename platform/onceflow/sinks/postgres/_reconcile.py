@@ -24,7 +24,7 @@ from psycopg import sql
 from onceflow._diff import Diff, multiset_diff
 from onceflow._identifiers import session_name
 from onceflow.errors import CommitUnknownError, SinkError, TransientSinkError
-from onceflow.postgres import connect
+from onceflow.postgres import connect, is_lost_connection, retrying
 from onceflow.sinks.postgres.commit import copy_frame
 from onceflow.sinks.postgres.spec import PostgresSink, arrow_type, spark_schema
 
@@ -148,6 +148,10 @@ def reconcile_postgres(
 ) -> Diff:
     """Diff the sink with `expected`; when `epoch` is given, repair it in one transaction.
 
+    A connection lost on the driver is survived by doing the whole again (until
+    ONCEFLOW_PG_RETRY_S): before the repair's COMMIT nothing changed; after an unanswered
+    COMMIT the new diff decides: empty means the repair applied, else it is repaired now.
+
     Args:
         spark: The Spark session.
         dsn: The DSN.
@@ -161,16 +165,65 @@ def reconcile_postgres(
         epoch: The reconcile's epoch; None for a dry run.
         job_filter: Only compare rows whose job column is this.
     """
+    unanswered: list[Diff] = []  # a repair whose COMMIT got no answer
+
+    def attempt() -> Diff:
+        try:
+            diff = _reconcile_once(
+                spark, dsn, ledger, job, spec, expected, prepare_actual=prepare_actual,
+                key=key, workdir=workdir, epoch=epoch, job_filter=job_filter,
+            )  # fmt: skip
+        except _RepairUnanswered as lost:
+            unanswered.append(lost.diff)
+            raise lost.error from None
+        except Exception as exc:
+            # An executor that lost its connection while reading fails the Spark job; the read
+            # is done again like any other.
+            if not isinstance(exc, psycopg.Error) and "psycopg.OperationalError" in str(exc):
+                raise psycopg.OperationalError(
+                    "an executor lost its connection while reading the sink"
+                ) from exc
+            raise
+        if unanswered and diff.empty:
+            return unanswered[0]  # the unanswered repair had applied
+        return diff
+
+    return retrying(attempt, what=f"reconcile sink {spec.name} (job {job})", dsn=dsn)
+
+
+class _RepairUnanswered(Exception):
+    def __init__(self, diff: Diff, error: Exception) -> None:
+        super().__init__(str(error))
+        self.diff = diff
+        self.error = error
+
+
+def _reconcile_once(
+    spark: SparkSession,
+    dsn: str,
+    ledger: Ledger,
+    job: str,
+    spec: PostgresSink,
+    expected: DataFrame,
+    *,
+    prepare_actual: Any,
+    key: Sequence[str],
+    workdir: Path,
+    epoch: int | None,
+    job_filter: str | None,
+) -> Diff:
     columns = list(spec.columns)
     target = sql.Identifier(spec.schema, spec.table)
     repair = epoch is not None
-    conn = ledger.connect(epoch) if repair else connect(dsn)
+    # The diff can outlast the ledger's idle-in-transaction limit; a frozen reconcile is still
+    # ended by the next run, which terminates sessions of older epochs.
+    conn = connect(
+        dsn,
+        application_name=session_name(job, epoch) if repair else "onceflow",
+        settings={"idle_in_transaction_session_timeout": "0"},
+    )
     staged = _staging_names(job, spec, epoch) if repair else []
     try:
-        # The diff can outlast the ledger's idle-in-transaction limit; a frozen reconcile is
-        # still ended by the next run, which terminates sessions of older epochs.
-        conn.execute("SET idle_in_transaction_session_timeout = 0")
-        conn.commit()
         if repair:
             assert epoch is not None
             conn.execute("SET LOCAL synchronous_commit = on")
@@ -187,7 +240,9 @@ def reconcile_postgres(
         assert epoch is not None
         try:
             _apply(dsn, conn, job, spec, diff, epoch, staged, keyed=bool(key))
-        except psycopg.OperationalError:
+        except psycopg.OperationalError as exc:
+            if is_lost_connection(exc):
+                raise  # nothing was changed: done again
             raise TransientSinkError(
                 f"sink {spec.name}: the connection broke during the repair; nothing was "
                 "changed. Run reconcile again."
@@ -200,7 +255,9 @@ def reconcile_postgres(
             ) from None
         try:
             conn.commit()
-        except psycopg.OperationalError:
+        except psycopg.OperationalError as exc:
+            if is_lost_connection(exc):
+                raise _RepairUnanswered(diff, exc) from None
             raise CommitUnknownError(
                 f"sink {spec.name}: the repair's COMMIT got no answer; run reconcile again "
                 "(with --dry-run) to see whether it applied."

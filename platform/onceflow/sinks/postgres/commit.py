@@ -34,7 +34,14 @@ from psycopg import sql
 from onceflow import faults
 from onceflow._identifiers import session_name
 from onceflow.errors import CommitUnknownError, FencedError, SinkError, TransientSinkError
-from onceflow.postgres import connect
+from onceflow.postgres import (
+    CONNECT_TIMEOUT_S,
+    connect,
+    is_lost_connection,
+    retry_deadline_s,
+    retry_delays,
+    retrying,
+)
 from onceflow.sinks.postgres.spec import PostgresSink
 
 if TYPE_CHECKING:
@@ -47,8 +54,12 @@ _log = logging.getLogger(__name__)
 
 # How long to keep trying to learn the outcome of a COMMIT that got no answer.
 RESOLVE_TIMEOUT_S = 120.0
-# Attempts at a window's commit when the connection breaks before COMMIT was sent.
+# Attempts at a window's commit after a transient failure other than a lost connection (a lost
+# connection is retried until ONCEFLOW_PG_RETRY_S).
 COMMIT_ATTEMPTS = 5
+# An executor keeps up to this much of its partition's CSV in memory (beyond, on local disk), so
+# a COPY cut off by a lost connection can be done again without reading the input again.
+SPOOL_IN_MEMORY_BYTES = 64 << 20
 
 PROTOCOL_DDL = """
 CREATE SCHEMA IF NOT EXISTS onceflow;
@@ -174,10 +185,27 @@ class Applied:
     already_committed: bool
 
 
-def copy_partition(dsn: str, app_name: str, schema: str, table: str, columns: list[str]) -> Any:
-    """A mapInArrow function: COPY each executor partition into `schema.table`."""
+def copy_partition(
+    dsn: str,
+    app_name: str,
+    schema: str,
+    table: str,
+    columns: list[str],
+    retry_s: float | None = None,
+) -> Any:
+    """A mapInArrow function: COPY each executor partition into `schema.table`.
+
+    Each partition is one transaction. The CSV sent is also spooled, so after a lost connection
+    the executor decides by the transaction's id whether its COPY committed (a COMMIT whose
+    answer was lost) and otherwise sends the spooled rows again, with backoff, for up to
+    `retry_s` seconds (default ONCEFLOW_PG_RETRY_S, read on the driver). The driver's count
+    check on the staging table stays the authority.
+    """
+    deadline_s = retry_deadline_s() if retry_s is None else retry_s
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import tempfile
+
         import psycopg
         import pyarrow as pa
         import pyarrow.csv as pacsv
@@ -190,24 +218,95 @@ def copy_partition(dsn: str, app_name: str, schema: str, table: str, columns: li
             sql.SQL(", ").join(sql.Identifier(c) for c in columns),
         )
         options = pacsv.WriteOptions(include_header=False, quoting_style="needed")
-        with psycopg.connect(dsn, application_name=app_name) as conn:
-            with conn.cursor() as cur, cur.copy(statement) as copy:
-                for batch in batches:
-                    if batch.num_rows == 0:
-                        continue
-                    buffer = io.BytesIO()
-                    pacsv.write_csv(pa.Table.from_batches([batch]), buffer, options)
-                    copy.write(buffer.getvalue())
-                    total += batch.num_rows
-            conn.commit()
+        spool = tempfile.SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY_BYTES)
+
+        source = iter(batches)
+
+        def read_input() -> Iterator[bytes]:
+            nonlocal total
+            for batch in source:
+                if batch.num_rows == 0:
+                    continue
+                buffer = io.BytesIO()
+                pacsv.write_csv(pa.Table.from_batches([batch]), buffer, options)
+                spool.seek(0, io.SEEK_END)
+                spool.write(buffer.getvalue())
+                total += batch.num_rows
+                yield buffer.getvalue()
+
+        def read_spool() -> Iterator[bytes]:
+            for _ in read_input():  # the rest of the input, after a COPY cut off midway
+                pass
+            spool.seek(0)
+            while chunk := spool.read(1 << 20):
+                yield chunk
+
+        def connect() -> psycopg.Connection:
+            return psycopg.connect(
+                dsn, application_name=app_name, connect_timeout=CONNECT_TIMEOUT_S
+            )
+
+        def copy_once(chunks: Iterator[bytes], sent: list[str]) -> None:
+            with connect() as conn:
+                with conn.cursor() as cur, cur.copy(statement) as copy:
+                    for chunk in chunks:
+                        copy.write(chunk)
+                row = conn.execute("SELECT pg_current_xact_id()::text").fetchone()
+                assert row is not None
+                sent.append(str(row[0]))  # from here on the COMMIT may apply unanswered
+                conn.commit()
+
+        def committed(xid: str) -> bool | None:
+            """The fate of the transaction `xid` (None: still running)."""
+            with connect() as conn:
+                conn.autocommit = True
+                row = conn.execute("SELECT pg_xact_status(%s::xid8)", (xid,)).fetchone()
+            status = row[0] if row else None
+            return None if status == "in progress" else status == "committed"
+
+        delays = None
+        chunks = read_input()
+        sent: list[str] = []  # the id of a transaction whose COMMIT got no answer
+        while True:
+            failure: Exception | None = None
+            try:
+                if not sent:
+                    copy_once(chunks, sent)
+                    break
+                decided = committed(sent[-1])
+                if decided:
+                    break
+                if decided is False:  # not applied: copy the spooled rows again
+                    sent.clear()
+                    chunks = read_spool()
+                    continue
+                failure = RuntimeError("the COPY's unanswered COMMIT stayed in progress")
+            except Exception as exc:
+                if not is_lost_connection(exc):
+                    raise
+                failure = exc
+                chunks = read_spool()
+            delays = delays or retry_delays(deadline_s)
+            delay = delays()
+            if delay is None:
+                raise failure
+            time.sleep(delay)
+        spool.close()
         yield pa.RecordBatch.from_pydict({"rows": [total]})
 
     return run
 
 
-def copy_frame(dsn: str, app_name: str, table: str, columns: list[str], df: DataFrame) -> int:
+def copy_frame(
+    dsn: str,
+    app_name: str,
+    table: str,
+    columns: list[str],
+    df: DataFrame,
+    retry_s: float | None = None,
+) -> int:
     """COPY `df`'s `columns` into `onceflow.<table>` on the executors; return the rows copied."""
-    copier = copy_partition(dsn, app_name, "onceflow", table, columns)
+    copier = copy_partition(dsn, app_name, "onceflow", table, columns, retry_s)
     row = df.select(*columns).mapInArrow(copier, "rows long").groupBy().sum("rows").first()
     return int(row[0] or 0) if row is not None else 0
 
@@ -243,7 +342,8 @@ class Transaction:
             for col, pg_type in spec.columns.items()
         ]
         app = session_name(self.job, epoch)
-        try:
+
+        def create() -> None:  # done again, whole, after a lost connection
             with connect(self._dsn, application_name=app) as conn:
                 conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(staging))
                 conn.execute(
@@ -252,6 +352,13 @@ class Transaction:
                     )
                 )
                 conn.commit()
+
+        try:
+            retrying(
+                create,
+                what=f"create the staging table of sink {spec.name} (window {window_id})",
+                dsn=self._dsn,
+            )
         except psycopg.OperationalError as exc:
             raise TransientSinkError(f"staging table: {type(exc).__name__}") from None
         try:
@@ -285,12 +392,44 @@ class Transaction:
     ) -> tuple[list[Applied], str | None]:
         """Apply every staged sink in one transaction; return what each did and the xid.
 
+        A connection lost before COMMIT, or a COMMIT the markers show was not applied, is
+        retried with the same staging tables until ONCEFLOW_PG_RETRY_S.
+
         Raises:
-            TransientSinkError: The connection broke before COMMIT, or a staging table lost
-                rows: stage again and retry.
+            TransientSinkError: A staging table lost rows, or a lock wait timed out: stage
+                again and retry.
             FencedError: A newer run took over.
             SinkError: PostgreSQL refused the window; nothing was written.
+            PostgresUnavailableError: The server stayed unreachable.
         """
+        what = f"commit window {window_id} to PostgreSQL" + (
+            f" (restatement {restate_seq})" if restate_seq is not None else ""
+        )
+        return retrying(
+            lambda: self._attempt(
+                staged,
+                window_id=window_id,
+                epoch=epoch,
+                run_id=run_id,
+                offsets=offsets,
+                exactly_once=exactly_once,
+                restate_seq=restate_seq,
+            ),
+            what=what,
+            dsn=self._dsn,
+        )
+
+    def _attempt(
+        self,
+        staged: Sequence[Staged],
+        *,
+        window_id: int,
+        epoch: int,
+        run_id: str,
+        offsets: dict[str, Any],
+        exactly_once: bool,
+        restate_seq: int | None,
+    ) -> tuple[list[Applied], str | None]:
         markers = {
             s.spec.name: Marker(self.job, s.spec.name, window_id, restate_seq) for s in staged
         }
@@ -330,19 +469,25 @@ class Transaction:
                 faults.point("pg_commit_sent", window_id)
             commit_sent = True
             conn.commit()
+        except psycopg.errors.LockNotAvailable:
+            # Before the OperationalError branch: it is one, but the session is alive.
+            conn.rollback()
+            raise TransientSinkError("lock wait timed out") from None
         except psycopg.OperationalError as exc:
             if not commit_sent or xid is None:
+                if is_lost_connection(exc):
+                    raise  # nothing was applied: `run` tries again
                 raise TransientSinkError(
                     f"connection lost before COMMIT ({type(exc).__name__})"
                 ) from None
             _log.warning("window %d: COMMIT got no answer; deciding by the markers", window_id)
             first = next(a for a in applied if not a.already_committed)
             if not self._resolve(markers[first.sink], xid, epoch):
-                raise TransientSinkError("COMMIT was not applied by the server") from None
+                if not is_lost_connection(exc):
+                    raise TransientSinkError("COMMIT was not applied by the server") from None
+                _log.warning("window %d: the COMMIT was not applied; trying again", window_id)
+                raise  # `run` tries again, with the same staging tables
             return applied, xid
-        except psycopg.errors.LockNotAvailable:
-            conn.rollback()
-            raise TransientSinkError("lock wait timed out") from None
         except psycopg.errors.NumericValueOutOfRange:
             conn.rollback()
             raise SinkError(
@@ -383,7 +528,7 @@ class Transaction:
         delay = 0.1
         while time.monotonic() < deadline:
             try:
-                with connect(self._dsn) as conn:
+                with connect(self._dsn, autocommit=True) as conn:
                     written_by = marker.epoch_of(conn)
                     if written_by is not None:
                         if written_by > epoch:

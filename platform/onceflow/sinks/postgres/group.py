@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from functools import reduce
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from psycopg import sql
 from psycopg.rows import tuple_row
 
+from onceflow import faults
 from onceflow.errors import SinkError, TransientSinkError
-from onceflow.postgres import connect
+from onceflow.postgres import connect, retrying
 from onceflow.sinks.base import (
     ReconcileScope,
     RecordedWindow,
@@ -43,6 +44,8 @@ if TYPE_CHECKING:
 
 _log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 
 class PostgresGroup(SinkGroup):
     """The PostgreSQL sinks of one job: one transaction per window, one marker per sink."""
@@ -56,23 +59,38 @@ class PostgresGroup(SinkGroup):
         self.job = ctx.job.name
         self._tx = Transaction(self.job, ctx.dsn, ctx.ledger)
 
+    # Reads and the idempotent DDL are done again after a lost connection; the commit itself
+    # is decided by its markers (`Transaction`).
+
+    def _read(self, what: str, query: Callable[[Any], T]) -> T:
+        def attempt() -> T:
+            with connect(self.ctx.dsn, autocommit=True) as conn:
+                return query(conn)
+
+        return retrying(attempt, what=f"{what} (job {self.job})", dsn=self.ctx.dsn)
+
     # -- set-up -------------------------------------------------------------------------------
 
     def prepare(self) -> None:
-        with connect(self.ctx.dsn) as conn:
-            # Concurrent CREATE ... IF NOT EXISTS can still collide on the catalog; serialise.
-            conn.execute("SELECT pg_advisory_xact_lock(hashtext('onceflow.schema'))")
-            conn.execute(PROTOCOL_DDL)
-            for spec in self.specs:
-                _create_table(conn, spec)
-            conn.commit()
+        def create() -> None:
+            with connect(self.ctx.dsn) as conn:
+                # Concurrent CREATE ... IF NOT EXISTS can still collide on the catalog; serialise.
+                conn.execute("SELECT pg_advisory_xact_lock(hashtext('onceflow.schema'))")
+                conn.execute(PROTOCOL_DDL)
+                for spec in self.specs:
+                    _create_table(conn, spec)
+                conn.commit()
+
+        retrying(create, what=f"create the tables of job {self.job}", dsn=self.ctx.dsn)
 
     def epoch_floor(self) -> int:
-        with connect(self.ctx.dsn) as conn:
-            row = conn.execute(
+        row = self._read(
+            "read the sinks' highest epoch",
+            lambda conn: conn.execute(
                 "SELECT coalesce(max(epoch), 0) FROM onceflow.sink_commits WHERE job = %s",
                 (self.job,),
-            ).fetchone()
+            ).fetchone(),
+        )
         return int(row[0]) if row else 0
 
     def claim_epoch(self, epoch: int) -> None:
@@ -90,8 +108,12 @@ class PostgresGroup(SinkGroup):
         if window_ids is not None:
             query += " AND window_id = ANY(%s)"
             params.append(list(window_ids))
-        with connect(self.ctx.dsn) as conn, conn.cursor(row_factory=tuple_row) as cur:
-            return cur.execute(query, params).fetchall()
+
+        def read(conn: Any) -> list[tuple[Any, ...]]:
+            with conn.cursor(row_factory=tuple_row) as cur:
+                return cur.execute(query, params).fetchall()
+
+        return self._read("read the commit markers", read)
 
     def held(self, window_ids: Sequence[int]) -> dict[str, set[int]]:
         held: dict[str, set[int]] = {name: set() for name in self.by_name}
@@ -100,12 +122,14 @@ class PostgresGroup(SinkGroup):
         return held
 
     def committed_through(self) -> dict[str, int]:
-        with connect(self.ctx.dsn) as conn:
-            rows = conn.execute(
+        rows = self._read(
+            "read the last committed windows",
+            lambda conn: conn.execute(
                 "SELECT sink, max(window_id) FROM onceflow.sink_commits"
                 " WHERE job = %s AND sink = ANY(%s) GROUP BY sink",
                 (self.job, list(self.by_name)),
-            ).fetchall()
+            ).fetchall(),
+        )
         through = {name: 0 for name in self.by_name}
         through.update({str(s): int(w) for s, w in rows})
         return through
@@ -164,6 +188,7 @@ class PostgresGroup(SinkGroup):
                     staged.append(
                         self._tx.stage(spec, outputs[spec.output], window.window_id, epoch, tag)
                     )
+                faults.point("pg_staged", window.window_id)
                 applied, xid = self._tx.run(
                     staged,
                     window_id=window.window_id,
@@ -197,24 +222,31 @@ class PostgresGroup(SinkGroup):
 
     def check_restate(self, window: Window) -> None:
         held = self.held([window.window_id])
-        with connect(self.ctx.dsn) as conn:
-            for spec in self.specs:
-                if window.window_id not in held[spec.name]:
+        accumulating = [s.name for s in self.specs if s.mode == "accumulate"]
+        recorded = self._read(
+            f"read window {window.window_id}'s recorded contributions",
+            lambda conn: {
+                name: has_contribution(conn, self.job, name, window.window_id)
+                for name in accumulating
+            },
+        )
+        for spec in self.specs:
+            if window.window_id not in held[spec.name]:
+                raise SinkError(
+                    f"sink {spec.name}: window {window.window_id} is not committed yet; run "
+                    "the job first, then restate it."
+                )
+            if spec.mode == "accumulate":
+                if not recorded[spec.name]:
                     raise SinkError(
-                        f"sink {spec.name}: window {window.window_id} is not committed yet; run "
-                        "the job first, then restate it."
+                        f"sink {spec.name}: window {window.window_id}'s contribution is not "
+                        "on record, so it cannot be taken back; reconcile the sink instead."
                     )
-                if spec.mode == "accumulate":
-                    if not has_contribution(conn, self.job, spec.name, window.window_id):
-                        raise SinkError(
-                            f"sink {spec.name}: window {window.window_id}'s contribution is not "
-                            "on record, so it cannot be taken back; reconcile the sink instead."
-                        )
-                elif spec.window_column is None:
-                    raise SinkError(
-                        f"sink {spec.name}: has no window_column, so a window's rows cannot be "
-                        "found to restate them; declare one in the sink."
-                    )
+            elif spec.window_column is None:
+                raise SinkError(
+                    f"sink {spec.name}: has no window_column, so a window's rows cannot be "
+                    "found to restate them; declare one in the sink."
+                )
 
     def restate(
         self,
@@ -357,12 +389,14 @@ class PostgresGroup(SinkGroup):
         return targets
 
     def status(self) -> dict[str, dict[str, Any]]:
-        with connect(self.ctx.dsn) as conn:
-            rows = conn.execute(
+        rows = self._read(
+            "read the commit state",
+            lambda conn: conn.execute(
                 "SELECT sink, count(*), coalesce(max(window_id), 0) FROM onceflow.sink_commits"
                 " WHERE job = %s AND sink = ANY(%s) GROUP BY sink",
                 (self.job, list(self.by_name)),
-            ).fetchall()
+            ).fetchall(),
+        )
         counts = {str(s): (int(n), int(w)) for s, n, w in rows}
         return {
             spec.name: {

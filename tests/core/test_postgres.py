@@ -1,0 +1,141 @@
+"""onceflow.postgres: which errors are a lost connection, the retry helper, and connecting."""
+
+from __future__ import annotations
+
+import socket
+import time
+from typing import Any
+
+import psycopg
+import pytest
+
+from onceflow import postgres
+from onceflow.errors import ConfigurationError, PostgresUnavailableError
+from onceflow.postgres import check_reachable, connect, is_lost_connection, retrying
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.mark.parametrize(
+    ("error", "lost"),
+    [
+        (psycopg.OperationalError("server closed the connection unexpectedly"), True),
+        (psycopg.OperationalError("SSL SYSCALL error: EOF detected"), True),
+        (psycopg.OperationalError("consuming input failed: the connection is closed"), True),
+        (psycopg.OperationalError('connection to server at "h", port 1 failed: refused'), True),
+        (psycopg.errors.AdminShutdown("terminating connection"), True),
+        (psycopg.errors.CannotConnectNow("the database system is starting up"), True),
+        (psycopg.errors.ConnectionFailure("x"), True),
+        (psycopg.errors.IdleInTransactionSessionTimeout("x"), True),
+        (psycopg.InterfaceError("the connection is closed"), True),
+        (psycopg.OperationalError('FATAL:  password authentication failed for user "u"'), False),
+        (psycopg.OperationalError('FATAL:  database "nope" does not exist'), False),
+        (psycopg.errors.UniqueViolation("duplicate key"), False),
+        (psycopg.errors.LockNotAvailable("lock timeout"), False),
+        (psycopg.errors.QueryCanceled("statement timeout"), False),
+        (psycopg.errors.SyntaxError("x"), False),
+        (ValueError("x"), False),
+    ],
+)
+def test_lost_connections_are_told_from_other_errors(error: Exception, lost: bool) -> None:
+    assert is_lost_connection(error) is lost
+
+
+def test_retrying_does_the_work_again_after_a_lost_connection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(postgres, "FIRST_RETRY_DELAY_S", 0.001)
+    calls: list[int] = []
+
+    def op() -> str:
+        calls.append(1)
+        if len(calls) < 3:
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return "done"
+
+    assert retrying(op, what="read", dsn="host=h dbname=d", deadline_s=10) == "done"
+    assert len(calls) == 3
+
+
+def test_retrying_lets_other_errors_through_at_once() -> None:
+    calls: list[int] = []
+
+    def op() -> None:
+        calls.append(1)
+        raise psycopg.errors.UniqueViolation("duplicate key")
+
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        retrying(op, what="write", dsn="host=h dbname=d", deadline_s=10)
+    assert len(calls) == 1
+
+
+def test_retrying_gives_up_after_the_deadline_naming_the_server_not_the_password() -> None:
+    dsn = "postgresql://etl:s3cret@db.example:5432/ledger"
+
+    def op() -> Any:
+        raise psycopg.OperationalError(
+            'connection to server at "db.example", port 5432 failed: Connection refused'
+        )
+
+    started = time.monotonic()
+    with pytest.raises(PostgresUnavailableError) as raised:
+        retrying(op, what="plan a window", dsn=dsn, deadline_s=0.3)
+    assert 0.3 <= time.monotonic() - started < 3
+    message = raised.value.message
+    assert "could not plan a window" in message
+    assert "database ledger on db.example" in message
+    assert "ONCEFLOW_PG_RETRY_S" in message and "Connection refused" in message
+    assert "s3cret" not in message
+    assert raised.value.retryable
+
+
+def test_retry_limit_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ONCEFLOW_PG_RETRY_S", "2.5")
+    assert postgres.retry_deadline_s() == 2.5
+    monkeypatch.setenv("ONCEFLOW_PG_RETRY_S", "soon")
+    with pytest.raises(ConfigurationError, match="ONCEFLOW_PG_RETRY_S"):
+        postgres.retry_deadline_s()
+
+
+def test_backoff_doubles_with_jitter_and_stops_at_the_deadline() -> None:
+    delays = postgres.retry_delays(60)
+    got = [delays() for _ in range(12)]
+    assert all(d is not None for d in got)
+    assert got[0] <= postgres.FIRST_RETRY_DELAY_S  # type: ignore[operator]
+    assert max(got) <= postgres.MAX_RETRY_DELAY_S  # type: ignore[type-var]
+    assert got[-1] >= postgres.MAX_RETRY_DELAY_S / 2  # type: ignore[operator]
+    over = postgres.retry_delays(0)
+    assert over() is None
+
+
+def test_a_refused_connection_is_retryable_but_a_wrong_database_fails_at_once(
+    pg_server_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    refused = f"host=127.0.0.1 port={_closed_port()} dbname=ledger user=etl password=s3cret"
+    with pytest.raises(psycopg.OperationalError) as raised:
+        connect(refused)
+    assert is_lost_connection(raised.value)
+
+    monkeypatch.setenv("ONCEFLOW_PG_RETRY_S", "0.5")
+    with pytest.raises(PostgresUnavailableError) as unreachable:
+        check_reachable(refused)
+    assert "database ledger on 127.0.0.1" in unreachable.value.message
+    assert "s3cret" not in unreachable.value.message
+
+    info = psycopg.conninfo.conninfo_to_dict(pg_server_dsn)
+    info["dbname"] = "no_such_database"
+    wrong = psycopg.conninfo.make_conninfo(**info)
+    started = time.monotonic()
+    with pytest.raises(ConfigurationError, match="no_such_database"):
+        check_reachable(wrong)
+    assert time.monotonic() - started < 5
+
+
+def test_connection_settings_go_in_the_startup_packet(pg_dsn: str) -> None:
+    with connect(pg_dsn, settings={"idle_in_transaction_session_timeout": "7s"}) as conn:
+        row = conn.execute("SHOW idle_in_transaction_session_timeout").fetchone()
+        assert row == ("7s",)

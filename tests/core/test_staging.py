@@ -1,0 +1,49 @@
+"""A window's stage is reused only when it matches the offsets and the row counts it recorded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from onceflow._staging import WindowStage
+from onceflow.engine import Engine
+from onceflow.generate import generate_payments
+from onceflow.ledger import Window
+from onceflow.registry import get_job
+from onceflow.settings import Settings
+
+
+def test_a_stage_that_lost_a_file_is_recomputed_not_reused(
+    spark, pg_dsn: str, tmp_path: Path, lake: Path, landing: Path
+) -> None:
+    settings = Settings(home=tmp_path / "home", postgres_dsn=pg_dsn, lake=lake, landing=landing)
+    generate_payments(landing, records=600, files=2, duplicate_rate=0.1, invalid_rate=0.1, seed=2)
+    job = get_job("payments")
+    engine = Engine(job, settings, spark, pg_dsn)
+    engine.prepare()
+    units = job.source.discover(settings, None)
+    window = Window(job.name, 1, job.source.offsets(settings, units), epoch=1)
+
+    _, stats = engine.outputs(window)
+    stage = WindowStage(lake, job.name, 1, window.offsets)
+    assert stats["outputs"]["payments"] > 0
+    assert stage.intact(stats, ["payments", "quarantine", "balances"])
+
+    # Same offsets: reused as it is.
+    marker = stage.root / "_COMPLETE.json"
+    stamp = marker.stat().st_mtime_ns
+    engine.outputs(window)
+    assert marker.stat().st_mtime_ns == stamp
+
+    # A data file of an output lost: the counts no longer match, so the window is computed again.
+    next(stage.path("payments").glob("*.parquet")).unlink()
+    assert not stage.intact(stats, ["payments"])
+    outputs, again = engine.outputs(window)
+    assert again == stats
+    assert outputs["payments"].count() == stats["outputs"]["payments"]
+    assert stage.intact(again, ["payments", "quarantine", "balances"])
+
+    # Other offsets for the same window id (a plan rebuilt over other input): another stage.
+    other = Window(job.name, 1, job.source.offsets(settings, units[:1]), epoch=2)
+    assert WindowStage(lake, job.name, 1, other.offsets).root != stage.root
+    _, fewer = engine.outputs(other)
+    assert fewer["rows_in"] < stats["rows_in"]

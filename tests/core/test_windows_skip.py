@@ -1,0 +1,123 @@
+"""`onceflow windows skip`: an operator gives up a pending window whose input is gone; the
+skip is recorded with its reason, shown everywhere, and later windows run exactly."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+from pathlib import Path
+
+import pytest
+
+from onceflow.engine import Engine
+from onceflow.generate import generate_payments
+from onceflow.reconcile import format_report, reconcile
+from onceflow.registry import get_job
+from onceflow.settings import Settings
+from onceflow.status import open_items
+from tests.support.cli import CliRun, Finished
+from tests.support.oracle import expected_outputs
+from tests.support.outputs import actual_outputs, assert_exact
+
+pytestmark = pytest.mark.slow
+
+
+class Site:
+    def __init__(self, pg_dsn: str, tmp_path: Path, lake: Path, landing: Path) -> None:
+        self.settings = Settings(
+            home=tmp_path / "home", postgres_dsn=pg_dsn, lake=lake, landing=landing
+        )
+        source = tmp_path / "input"
+        generate_payments(
+            source, records=1600, files=8, duplicate_rate=0.2, invalid_rate=0.05, seed=3
+        )
+        self.files = sorted((source / "payments").iterdir())
+        (landing / "payments").mkdir(parents=True, exist_ok=True)
+        self.tmp = tmp_path
+
+    def land(self, *indexes: int) -> None:
+        for i in indexes:
+            shutil.copy2(self.files[i], self.settings.landing / "payments" / self.files[i].name)
+
+    def cli(self, *args: str, fault: str | None = None) -> Finished:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ONCEFLOW_")}
+        env.update(
+            ONCEFLOW_HOME=str(self.settings.home),
+            ONCEFLOW_POSTGRES_DSN=str(self.settings.postgres_dsn),
+            ONCEFLOW_LAKE=str(self.settings.lake),
+            ONCEFLOW_LANDING=str(self.settings.landing),
+        )
+        if fault:
+            env["ONCEFLOW_FAULT"] = fault
+        return CliRun(list(args), env, self.tmp / "logs").finish()
+
+    def run(self, fault: str | None = None) -> Finished:
+        return self.cli("run", "payments", "--max-files-per-window", "2", fault=fault)
+
+    def expected_without(self, *indexes: int):
+        kept = self.tmp / "kept"
+        shutil.rmtree(kept, ignore_errors=True)
+        (kept / "payments").mkdir(parents=True)
+        for i, path in enumerate(self.files):
+            if i not in indexes and (self.settings.landing / "payments" / path.name).exists():
+                shutil.copy2(path, kept / "payments" / path.name)
+        return expected_outputs(kept)
+
+
+def test_a_pending_window_whose_input_is_gone_is_skipped_with_its_reason(
+    spark, pg_dsn: str, tmp_path: Path, lake: Path, landing: Path
+) -> None:
+    site = Site(pg_dsn, tmp_path, lake, landing)
+    site.land(0, 1, 2, 3)
+    assert site.run().returncode == 0  # windows 1-2
+    site.land(4, 5)
+    crashed = site.run(fault="before_sinks@3")  # window 3 planned and staged, no sink has it
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
+    # Its input is lost upstream, and so is its stage.
+    (landing / "payments" / site.files[4].name).unlink()
+    shutil.rmtree(lake / "_onceflow" / "staging")
+
+    blocked = site.run()
+    assert blocked.returncode != 0
+    assert site.files[4].name in blocked.stderr
+
+    no_reason = site.cli("windows", "skip", "payments", "3", "--reason", " ")
+    assert no_reason.returncode != 0 and "--reason" in no_reason.stderr
+    skipped = site.cli("windows", "skip", "payments", "3", "--reason", "file lost upstream")
+    assert skipped.returncode == 0, skipped.stderr[-2000:]
+    assert "windows 3 of payments skipped: file lost upstream" in skipped.stdout
+
+    site.land(6, 7)
+    after = site.run()
+    assert after.returncode == 0, after.stderr[-2000:]
+    assert_exact(site.expected_without(4, 5), actual_outputs(pg_dsn, lake))
+
+    status = site.cli("status", "payments")
+    assert "window 3 skipped: file lost upstream" in status.stdout
+    assert "pending none" in status.stdout
+    engine = Engine(get_job("payments"), site.settings, spark, pg_dsn)
+    assert open_items(engine).skipped == ((3, "file lost upstream"),)
+    report = reconcile(engine)
+    assert report.skipped == [(3, "file lost upstream")]
+    assert report.clean, format_report(report)
+    assert "window 3: skipped by an operator (file lost upstream)" in format_report(report)
+    assert_exact(site.expected_without(4, 5), actual_outputs(pg_dsn, lake))
+
+    # Completed windows are not for skipping: restate them.
+    done = site.cli("windows", "skip", "payments", "2", "--reason", "no")
+    assert done.returncode != 0 and "only pending windows" in done.stderr
+
+
+def test_a_window_some_sink_holds_cannot_be_skipped(
+    spark, pg_dsn: str, tmp_path: Path, lake: Path, landing: Path
+) -> None:
+    site = Site(pg_dsn, tmp_path, lake, landing)
+    site.land(0, 1, 2, 3)
+    crashed = site.run(fault="after_delta@2")
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
+    refused = site.cli("windows", "skip", "payments", "2", "--reason", "try")
+    assert refused.returncode != 0
+    assert "window 2 is held by lake_payments" in refused.stderr
+    assert site.run().returncode == 0
+    assert_exact(site.expected_without(), actual_outputs(pg_dsn, lake))
