@@ -18,6 +18,7 @@ import pytest
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from psycopg import sql
 
+from onceflow.ledger import Ledger
 from onceflow.quality import (
     DeltaTableTarget,
     PostgresTableTarget,
@@ -33,9 +34,6 @@ REPO = Path(__file__).resolve().parents[2]
 
 DDL = """
 CREATE SCHEMA IF NOT EXISTS onceflow;
-CREATE TABLE onceflow.windows (job text, window_id bigint, offsets jsonb NOT NULL,
-  epoch bigint NOT NULL, planned_at timestamptz NOT NULL DEFAULT now(), stats jsonb,
-  completed_at timestamptz, PRIMARY KEY (job, window_id));
 CREATE TABLE onceflow.sink_commits (job text, sink text, window_id bigint, epoch bigint NOT NULL,
   xid xid8 NOT NULL, run_id text, offsets jsonb NOT NULL, rows_written bigint NOT NULL,
   committed_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (job, sink, window_id));
@@ -164,6 +162,7 @@ def fill(dsn: str, lake: Path, n: int, windows: int) -> Sinks:
     """Create the sink tables and fill them as a clean run of `windows` windows would."""
     table = _payments_table(n, windows)
     rows = table.to_pylist()
+    Ledger(dsn, JOB).ensure_schema()  # the ledger's own tables, as a run creates them
     with psycopg.connect(dsn) as conn:
         conn.execute(DDL)
         copy_sql = sql.SQL("COPY public.payments ({}) FROM STDIN").format(
