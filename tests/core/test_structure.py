@@ -157,4 +157,9 @@ def test_one_compute_path() -> None:
         if "compute(" in p.read_text() and p.name != "_compute.py"
     )
     assert users == ["engine.py", "reconcile/_run.py"]
-    assert "engine.outputs(" in (CORE / "restate.py").read_text()
+    # A restatement is applied by the engine, on the window's staged outputs.
+    assert "engine.restate(" in (CORE / "restate.py").read_text()
+    restate = (
+        (CORE / "engine.py").read_text().split("    def restate(", 1)[1].split("\n    def ")[0]
+    )
+    assert "self.outputs(" in restate
