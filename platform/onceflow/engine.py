@@ -56,6 +56,15 @@ class RunResult:
 
 
 @dataclass
+class Replayed:
+    """Per sink, the completed windows it lacked that were committed to it again (`restored`),
+    and those that could not be, their input being gone (`left`)."""
+
+    restored: dict[str, list[int]] = field(default_factory=dict)
+    left: dict[str, list[int]] = field(default_factory=dict)
+
+
+@dataclass
 class RecoveryResult:
     """What a recovery did: completed windows put back into sinks that lost them, then a run."""
 
@@ -197,7 +206,10 @@ class Engine:
         afterwards (a lake deleted, repointed or restored from an older backup). Skipped windows
         were never completed.
         """
-        completed = [w.window_id for w in self.ledger.windows() if w.completed]
+        return self._lacking(self.ledger.windows())
+
+    def _lacking(self, windows: Sequence[Window]) -> dict[str, list[int]]:
+        completed = [w.window_id for w in windows if w.completed]
         state = self.held(completed)
         lacking: dict[str, list[int]] = {}
         for wid in completed:
@@ -349,39 +361,35 @@ class Engine:
         """Put back completed windows a sink lost (as reconcile does), then run: pending windows,
         unfinished restatements and input no window has planned yet."""
         restored: dict[str, list[int]] = {}
-        if self.job.guarantee is not Guarantee.NONE:
-            before = self.lacking_windows()
-            if before:
-                left = self.replay_lacking(self.start(run_id), run_id)
-                restored = {
-                    sink: [w for w in ids if w not in left.get(sink, [])]
-                    for sink, ids in before.items()
-                }
-        return RecoveryResult(self.run(run_id=run_id), {k: v for k, v in restored.items() if v})
+        if self.job.guarantee is not Guarantee.NONE and self.lacking_windows():
+            restored = self.replay_lacking(self.start(run_id), run_id).restored
+        return RecoveryResult(self.run(run_id=run_id), restored)
 
-    def replay_lacking(self, epoch: int, run_id: str) -> dict[str, list[int]]:
+    def replay_lacking(self, epoch: int, run_id: str) -> Replayed:
         """Commit, in window order, the completed windows some sink lacks, to those sinks only.
 
         Window order matters: each replayed window's dedupe sees the windows before it, which
-        the state sink holds again by then. Windows whose input is gone are left lacking and
-        returned.
+        the state sink holds again by then. Windows whose input (and stage) is gone stay lacking.
         """
-        lacking = self.lacking_windows()
-        ids = sorted({wid for wids in lacking.values() for wid in wids})
-        left: dict[str, list[int]] = {}
-        for wid in ids:
-            window = self.ledger.window(wid)
-            assert window is not None
+        windows = {w.window_id: w for w in self.ledger.windows()}
+        lacking = self._lacking(list(windows.values()))
+        gone: set[int] = set()
+        for wid in sorted({wid for wids in lacking.values() for wid in wids}):
+            window = windows[wid]
             stage = WindowStage(self.settings.lake, self.job.name, wid, window.offsets)
             problems = self.job.source.check_available(self.settings, window.offsets)
             if problems and stage.complete() is None:
                 _log.warning("window %d cannot be replayed: %s", wid, "; ".join(problems[:3]))
-                for name, wids in lacking.items():
-                    if wid in wids:
-                        left.setdefault(name, []).append(wid)
+                gone.add(wid)
                 continue
             self.process_window(window, epoch, run_id)
-        return left
+        replayed = Replayed()
+        for sink, ids in lacking.items():
+            for wid in ids:
+                (replayed.left if wid in gone else replayed.restored).setdefault(sink, []).append(
+                    wid
+                )
+        return replayed
 
     def skip(self, window_ids: Sequence[int], reason: str, run_id: str | None = None) -> list[int]:
         """Give up pending windows whose input is gone or changed, recording why.
@@ -527,7 +535,7 @@ class Engine:
 
     def _unskipped(self, after: int, before: int) -> list[int]:
         """Windows between `after` and `before` (exclusive) that were not skipped."""
-        skipped = {w.window_id for w in self.ledger.windows(since=after) if w.skipped}
+        skipped = {wid for wid, _ in self.ledger.skipped_windows()}
         return [w for w in range(after + 1, before) if w not in skipped]
 
     def outputs(

@@ -468,6 +468,18 @@ class Ledger:
             ),
         )
 
+    def skipped_windows(self) -> list[tuple[int, str]]:
+        """Windows an operator skipped, with the reasons, in window order."""
+        rows = self.read(
+            "read the skipped windows",
+            lambda conn: conn.execute(
+                "SELECT window_id, skip_reason FROM onceflow.windows"
+                " WHERE job = %s AND skipped_at IS NOT NULL ORDER BY window_id",
+                (self.job,),
+            ).fetchall(),
+        )
+        return [(int(w), str(r)) for w, r in rows]
+
     def skip_window(self, epoch: int, window_id: int, reason: str) -> None:
         """Record that the operator gave up a pending window (fenced; never undone)."""
 

@@ -71,7 +71,8 @@ def restate_windows(
     # Every unfinished restatement, older requests' first: a Delta table records only the
     # highest sequence number it applied, so they must be applied in order.
     todo = engine.planned_restatements()
-    applying = {w.window_id for w, seq in todo if seq in {s for _, s in pending}}
+    ours = {seq for _, seq in pending}
+    applying = {w.window_id for w, seq in todo if seq in ours}
     results = [
         WindowResult(w.window_id, w.offsets, w.stats or {})
         for w, _ in pending

@@ -84,10 +84,9 @@ class OpenItems:
 def open_items(engine: Engine) -> OpenItems:
     """Unfinished restatements and skipped windows (shown until they are gone; skips stay)."""
     engine.prepare()
-    skipped = tuple(
-        (w.window_id, w.skipped) for w in engine.ledger.windows() if w.skipped is not None
+    return OpenItems(
+        tuple(engine.ledger.pending_restatements()), tuple(engine.ledger.skipped_windows())
     )
-    return OpenItems(tuple(engine.ledger.pending_restatements()), skipped)
 
 
 # How many of the newest windows the status lists one by one.

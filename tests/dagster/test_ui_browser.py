@@ -189,8 +189,16 @@ def test_ui_shows_assets_and_checks_and_launches_a_run(
 
     browser.goto(f"{url}/locations/onceflow/asset-groups/payments")
     browser.wait_text(*ASSETS, "Asset checks", "Materialize all")
-    # Every sink and the recovery asset carry one check each, none evaluated yet.
-    wait_for("the checks in the graph", lambda: browser.text().count("0 / 1 Passed") == 5, 60)
+    # Every sink carries two checks (quality, freshness) and the recovery asset one; none
+    # evaluated yet.
+    wait_for(
+        "the checks in the graph",
+        lambda: (
+            (t := browser.text()).count("0 / 2 Passed") == len(SINKS)
+            and t.count("0 / 1 Passed") == 1
+        ),
+        60,
+    )
     browser.screenshot(artifacts / "1_asset_group.png")
 
     for sink in SINKS:
@@ -227,7 +235,7 @@ def test_ui_shows_assets_and_checks_and_launches_a_run(
     browser.wait_text(*ASSETS)
     page = wait_for(
         "the passed checks in the graph",
-        lambda: (t := browser.text()).count("1 / 1 Passed") == len(SINKS) and t,
+        lambda: (t := browser.text()).count("2 / 2 Passed") == len(SINKS) and t,
         PAGE_TIMEOUT_S,
     )
     browser.screenshot(artifacts / "6_asset_group_after.png")

@@ -92,12 +92,8 @@ def reconcile(
         epoch = engine.start(run_id)
         # A sink that lost committed windows gets them back first, through the commit protocol,
         # so its commit records are whole again and the diff below sees every window.
-        before = engine.lacking_windows()
-        lacking = engine.replay_lacking(epoch, run_id)
-        replayed = {
-            sink: [w for w in ids if w not in lacking.get(sink, [])] for sink, ids in before.items()
-        }
-        replayed = {sink: ids for sink, ids in replayed.items() if ids}
+        replay = engine.replay_lacking(epoch, run_id)
+        replayed, lacking = replay.restored, replay.left
     every = engine.ledger.windows()
     skipped = [(w.window_id, w.skipped) for w in every if w.skipped is not None]
     windows = [w for w in every if w.skipped is None]
