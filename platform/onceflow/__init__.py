@@ -39,7 +39,7 @@ from onceflow.settings import Settings
 from onceflow.sinks import SinkOutcome, SinkSpec
 from onceflow.sinks.delta import DeltaSink
 from onceflow.sinks.postgres import PostgresSink, quarantine_table
-from onceflow.sources import LandingSource, Observation, Source
+from onceflow.sources import ArrowParse, LandingSource, Observation, Source
 from onceflow.spark import build_spark_session
 
 if TYPE_CHECKING:
@@ -57,6 +57,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "ArrowParse",
     "BackfillResult",
     "CommitUnknownError",
     "ConfigurationError",

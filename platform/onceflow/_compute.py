@@ -9,44 +9,68 @@ inside a sequence give the same rows.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import reduce
-from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pyspark import StorageLevel
+
+from onceflow._keyindex import KEY_COL, SEEN_COL, SeenLookup
 from onceflow.errors import ConfigurationError
 from onceflow.job import Job, WindowContext
-from onceflow.sources.base import RAW_TEXT_COLUMN, REASON_COLUMN
+from onceflow.sources.base import RAW_TEXT_COLUMN, REASON_COLUMN, ArrowParse, BatchFunction
 from onceflow.windows import WINDOW_COL
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
     from onceflow.ledger import Window
     from onceflow.settings import Settings
 
-PARSED = "_parsed"
-KEPT = "_kept"
+
+# The writer name under which `Computed.counts_frame` reports.
+COUNTS = "__counts"
 
 
 @dataclass(frozen=True)
 class Computed:
-    """A computation's materialised intermediates and its outputs (each with WINDOW_COL)."""
+    """A computation's cached intermediates and its outputs (each with WINDOW_COL).
+
+    `parsed` and `kept` are persisted (memory, then local disk) so every output and every sink
+    reads them once; `release` frees them.
+    """
 
     parsed: DataFrame
     kept: DataFrame
     outputs: dict[str, DataFrame]
 
+    def counts_frame(self) -> DataFrame:
+        """One row, `(writer, result)` as `sinks.writers.run_writers` returns them: writer
+        COUNTS, result the JSON of the rows read (`rows_in`), invalid and kept."""
+        from pyspark.sql import functions as F
 
-def materialise(df: DataFrame, path: Path) -> DataFrame:
-    """Write `df` on the executors and return a frame reading the written copy."""
-    df.write.mode("overwrite").parquet(str(path))
-    return df.sparkSession.read.parquet(str(path))
+        read = self.parsed.agg(
+            F.count(F.lit(1)).alias("rows_in"), F.count(F.col(REASON_COLUMN)).alias("invalid")
+        )
+        kept = self.kept.agg(F.count(F.lit(1)).alias("kept"))
+        return read.crossJoin(kept).select(
+            F.lit(COUNTS).alias("writer"),
+            F.to_json(F.struct("rows_in", "invalid", "kept")).alias("result"),
+        )
+
+    def release(self) -> None:
+        self.kept.unpersist()
+        self.parsed.unpersist()
 
 
 def _parsed(
-    spark: SparkSession, job: Job, settings: Settings, windows: Sequence[Window]
+    spark: SparkSession,
+    job: Job,
+    settings: Settings,
+    windows: Sequence[Window],
+    lookup: SeenLookup | None,
 ) -> DataFrame:
     from pyspark.sql import functions as F
 
@@ -70,13 +94,27 @@ def _parsed(
             .drop("__global")
             .withColumnRenamed("__local", "_file_idx")
         )
-    frames = [
-        parse(source.read(spark, settings, w.offsets)).withColumn(
-            WINDOW_COL, F.lit(w.window_id).cast("bigint")
-        )
-        for w in windows
-    ]
+    frames = []
+    for w in windows:
+        if isinstance(job.parse, ArrowParse):
+            # The parse (and the key lookup) run in the source's own read step.
+            fn, schema = job.parse.fn, job.parse.schema
+            if lookup is not None:
+                fn, schema = _chain(fn, lookup), lookup.ddl(schema)
+            df = source.read_mapped(spark, settings, w.offsets, fn, schema)
+        else:
+            df = parse(source.read(spark, settings, w.offsets))
+            if lookup is not None:
+                df = df.mapInArrow(lookup, lookup.struct(df.schema))
+        frames.append(df.withColumn(WINDOW_COL, F.lit(w.window_id).cast("bigint")))
     return reduce(lambda a, b: a.unionByName(b), frames)
+
+
+def _chain(first: BatchFunction, then: BatchFunction) -> BatchFunction:
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        return then(first(batches))
+
+    return run
 
 
 def compute(
@@ -84,9 +122,9 @@ def compute(
     job: Job,
     settings: Settings,
     windows: Sequence[Window],
-    workdir: Path,
     *,
     seen: DataFrame | None = None,
+    lookup: SeenLookup | None = None,
 ) -> Computed:
     """Compute `job`'s outputs for `windows` (in window order).
 
@@ -95,12 +133,13 @@ def compute(
         job: The job.
         settings: Where the input is.
         windows: The windows, all with their input available.
-        workdir: A folder for the materialised parse and dedupe results.
         seen: Dedupe key columns plus `__seen_in`: keys whose first occurrence is in that
             (earlier or unreplayable) window; later occurrences are duplicates.
+        lookup: For one window: marks the rows whose key an earlier window kept (the key
+            index), which are then duplicates; the kept rows carry the key as KEY_COL.
 
     Returns:
-        The parsed and kept rows (materialised) and every output, lazily, with WINDOW_COL.
+        The parsed and kept rows (cached) and every output, lazily, with WINDOW_COL.
     """
     from pyspark.sql import Window as W
     from pyspark.sql import functions as F
@@ -108,13 +147,17 @@ def compute(
     windows = sorted(windows, key=lambda w: w.window_id)
     if not windows:
         raise ConfigurationError(f"job {job.name}: nothing to compute (no windows given).")
-    parsed = _parsed(spark, job, settings, windows)
+    if lookup is not None and len(windows) != 1:
+        raise ConfigurationError("the dedupe key index looks up one window at a time.")
+    parsed = _parsed(spark, job, settings, windows, lookup)
     for column in (REASON_COLUMN, RAW_TEXT_COLUMN):
         if column not in parsed.columns:
             parsed = parsed.withColumn(column, F.lit(None).cast("string"))
-    parsed = materialise(parsed, workdir / PARSED)
+    parsed = parsed.persist(StorageLevel.MEMORY_AND_DISK)
     valid = parsed.where(F.col(REASON_COLUMN).isNull())
     invalid = parsed.where(F.col(REASON_COLUMN).isNotNull())
+    if lookup is not None:
+        valid = valid.where(~F.col(SEEN_COL)).drop(SEEN_COL)
     if job.dedupe is not None:
         keys = list(job.dedupe.key)
         missing = [k for k in keys if k not in valid.columns]
@@ -134,10 +177,10 @@ def compute(
             .where(F.col("__occurrence") == 1)
             .drop("__occurrence")
         )
-    kept = materialise(valid, workdir / KEPT)
+    kept = valid.persist(StorageLevel.MEMORY_AND_DISK)
     parts: dict[str, list[DataFrame]] = {}
     for window in windows:
-        rows = kept.where(F.col(WINDOW_COL) == window.window_id).drop(WINDOW_COL)
+        rows = kept.where(F.col(WINDOW_COL) == window.window_id).drop(WINDOW_COL, KEY_COL, SEEN_COL)
         produced = job.transform(rows, WindowContext(job.name, window.window_id))
         for name, df in produced.items():
             parts.setdefault(name, []).append(

@@ -2,22 +2,29 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from onceflow import faults
-from onceflow._compute import KEPT, PARSED, compute
+from onceflow._compute import COUNTS, Computed, compute
+from onceflow._identifiers import session_name
+from onceflow._keyindex import KEY_COL, KeyIndex, key_frame
 from onceflow._staging import WindowStage
-from onceflow.errors import ConfigurationError, LedgerError
+from onceflow.errors import ConfigurationError, LedgerError, TransientSinkError
 from onceflow.job import Guarantee, Job
 from onceflow.ledger import Ledger, Window
 from onceflow.settings import Settings
 from onceflow.sinks import SinkContext, SinkGroup, SinkOutcome, open_groups
+from onceflow.sinks.base import WindowWrite
+from onceflow.sinks.postgres.commit import CopyWriter
+from onceflow.sinks.writers import PartitionWriter, rows_written, run_writers
 from onceflow.windows import WINDOW_COL
 
 if TYPE_CHECKING:
@@ -27,6 +34,86 @@ _log = logging.getLogger(__name__)
 
 # Most units (files, table versions) a new window takes unless the run says otherwise.
 DEFAULT_MAX_UNITS_PER_WINDOW = 1000
+# The internal output carrying a window's kept dedupe keys to the key index's staging table.
+KEYS_OUTPUT = "__dedupe_keys"
+# Under this prefix and an output's name, the sink write reports the rows of an output that no
+# writer writes this time (its sinks held the window).
+_ROWS = "__rows/"
+
+
+@dataclass
+class WindowOutputs:
+    """A window's outputs ready for the sinks, with its stats.
+
+    Attributes:
+        frames: Every output; KEYS_OUTPUT too when the job dedupes.
+        stats: Rows read, quarantined, kept, …; None until the sink write counts them
+            (`counted`), or `count` does.
+        computed: Cached intermediates to release; None when the outputs were read staged.
+    """
+
+    frames: dict[str, DataFrame]
+    stats: dict[str, Any] | None
+    computed: Computed | None = None
+    quarantine: bool = False  # whether invalid rows go to a quarantine sink
+
+    def count_frames(self, writers: Sequence[PartitionWriter]) -> list[DataFrame]:
+        """What the sink write computes too, to know the stats (`counted`): the counts, and
+        the rows of each output that no writer writes (a writer counts its output's rows)."""
+        if self.stats is not None or self.computed is None:
+            return []
+        from pyspark.sql import functions as F
+
+        written = {w.output for w in writers}
+        return [self.computed.counts_frame()] + [
+            df.agg(
+                F.lit(_ROWS + name).alias("writer"),
+                F.to_json(F.struct(F.count(F.lit(1)).alias("rows"))).alias("result"),
+            )
+            for name, df in self.frames.items()
+            if name not in written
+        ]
+
+    def counted(
+        self,
+        results: Mapping[str, Sequence[Mapping[str, Any]]],
+        writers: Sequence[PartitionWriter],
+    ) -> dict[str, Any]:
+        """The stats, from a sink write that ran `count_frames(writers)`."""
+        if self.stats is None:
+            (counts,) = results[COUNTS]
+            self.stats = window_stats(dict(counts), quarantine=self.quarantine)
+            by_output = {w.output: rows_written(results[w.key]) for w in writers}
+            self.stats["outputs"] = {
+                name: by_output[name]
+                if name in by_output
+                else rows_written(results.get(_ROWS + name, []))
+                for name in self.frames
+                if name != KEYS_OUTPUT
+            }
+        return self.stats
+
+    def count(self) -> dict[str, Any]:
+        """The stats, counted now (one Spark job) if no sink write counted them."""
+        if self.stats is None:
+            return self.counted(run_writers(self.frames, [], self.count_frames([])), [])
+        return self.stats
+
+    def release(self) -> None:
+        if self.computed is not None:
+            self.computed.release()
+
+
+def window_stats(counts: Mapping[str, int], *, quarantine: bool) -> dict[str, Any]:
+    """A window's stats from the rows read, invalid and kept."""
+    valid = counts["rows_in"] - counts["invalid"]
+    return {
+        "rows_in": counts["rows_in"],
+        "quarantined": counts["invalid"] if quarantine else 0,
+        "valid": valid,
+        "kept": counts["kept"],
+        "duplicates": valid - counts["kept"],
+    }
 
 
 @dataclass
@@ -43,6 +130,26 @@ class WindowResult:
     @property
     def noop(self) -> bool:
         return all(s.already_committed for s in self.sinks.values())
+
+
+@dataclass
+class _Prepared:
+    """A window computed and written to every sink's staging, not committed yet."""
+
+    window: Window
+    epoch: int
+    run_id: str
+    started: float
+    result: WindowResult = field(init=False)
+    out: WindowOutputs | None = None  # None: every sink held the window
+    writes: list[tuple[SinkGroup, WindowWrite]] = field(default_factory=list)
+    results: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    keys: CopyWriter | None = None  # the staged dedupe keys
+    indexed: bool = True  # its keys reached the key index when it was completed
+
+    def __post_init__(self) -> None:
+        w = self.window
+        self.result = WindowResult(w.window_id, w.offsets, w.stats or {})
 
 
 @dataclass
@@ -102,6 +209,7 @@ class Engine:
             self.job.sinks, SinkContext(self.job, settings, dsn, self.ledger)
         )
         self.group_of = {name: group for group in self.groups for name in group.names}
+        self.index = KeyIndex(dsn, job.name, self.ledger) if job.dedupe is not None else None
         self._prepared = False
 
     @property
@@ -128,6 +236,8 @@ class Engine:
         if self._prepared:
             return
         self.ledger.ensure_schema()
+        if self.index is not None:
+            self.ledger.write("create the dedupe key index", self.index.ensure_schema)
         for group in self.groups:
             group.prepare()
         self._prepared = True
@@ -284,19 +394,21 @@ class Engine:
             if on_window:
                 on_window(window_result)
 
-        for window in self.ledger.windows(pending_only=True):
-            done(self.process_window(window, epoch, run_id))
+        self._process_all(iter(self.ledger.windows(pending_only=True)), epoch, run_id, done)
         # A restatement interrupted by a crash is finished by the next run, with its request's
         # sequence numbers, so each of its windows changes once.
         self.restate(self.planned_restatements(), epoch, run_id)
         stop = stop or threading.Event()
         planned = 0
         while max_windows is None or planned < max_windows:
-            for window in self._plan_new(epoch, max_units_per_window):
-                done(self.process_window(window, epoch, run_id))
-                planned += 1
-                if stop.is_set() or (max_windows is not None and planned >= max_windows):
-                    break
+            planned += self._process_all(
+                self._plan_new(epoch, max_units_per_window),
+                epoch,
+                run_id,
+                done,
+                stop=stop,
+                limit=None if max_windows is None else max_windows - planned,
+            )
             if not follow or stop.is_set() or (max_windows is not None and planned >= max_windows):
                 break
             stop.wait(poll_interval_s)
@@ -321,41 +433,205 @@ class Engine:
 
     def process_window(self, window: Window, epoch: int, run_id: str) -> WindowResult:
         """Commit `window` to every sink that does not hold it yet."""
+        return self._commit(self._prepare(window, epoch, run_id))
+
+    def _process_all(
+        self,
+        windows: Iterator[Window],
+        epoch: int,
+        run_id: str,
+        done: Callable[[WindowResult], None],
+        *,
+        stop: threading.Event | None = None,
+        limit: int | None = None,
+    ) -> int:
+        """Process `windows` in order, preparing each (computing it and writing every sink's
+        staged copy, on Spark) while the one before it commits; return how many.
+
+        A window is prepared only after the window before it has staged its dedupe keys, and
+        its lookups read those staged keys too, so it is deduplicated against every earlier
+        window even before that window's commit has put them into the key index. Nothing of a
+        window is committed before the windows before it are completed. After each window,
+        it stops when `stop` is set or `limit` windows are done.
+        """
+        count = 0
+        window = next(windows, None) if limit is None or limit > 0 else None
+        if window is None:
+            return count
+        ahead = self._prepare(window, epoch, run_id)
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="onceflow-prepare") as pool:
+            while ahead is not None:
+                current = ahead
+                last = (stop is not None and stop.is_set()) or (
+                    limit is not None and count + 1 >= limit
+                )
+                following = None if last else next(windows, None)
+                pending: Future[_Prepared] | None = None
+                if following is not None and (current.keys is not None or self.index is None):
+                    pending = pool.submit(self._prepare, following, epoch, run_id, current)
+                try:
+                    done(self._commit(current, keep_keys=pending is not None))
+                except BaseException:
+                    if pending is not None and not pending.cancel():
+                        with contextlib.suppress(BaseException):
+                            self._discard(pending.result())
+                    self._drop_keys(current)
+                    raise
+                finally:
+                    count += 1
+                if pending is not None:
+                    try:
+                        ahead = pending.result()
+                    finally:
+                        self._drop_keys(current)
+                    if not current.indexed:
+                        # Its staged keys were lost (a server restart): the next window may
+                        # have looked them up too late. Compute it again, once the key index
+                        # has them from the state sink.
+                        self._discard(ahead)
+                        ahead = self._prepare(following, epoch, run_id)
+                elif following is not None:
+                    ahead = self._prepare(following, epoch, run_id)
+                else:
+                    ahead = None
+        return count
+
+    def _prepare(
+        self, window: Window, epoch: int, run_id: str, before: _Prepared | None = None
+    ) -> _Prepared:
+        """Compute `window` and write every sink's staged copy of it (nothing visible yet).
+
+        `before`: the window just before it, prepared but perhaps not completed yet; its staged
+        dedupe keys count as seen."""
         started = time.monotonic()
         if self.exactly_once:
             self.ledger.check_epoch(epoch)
         held = self.committed_sinks(window.window_id) if self.exactly_once else set()
-        result = WindowResult(window.window_id, window.offsets, window.stats or {})
-        for name in held:
-            result.sinks[name] = SinkOutcome(name, committed=False, already_committed=True)
+        prepared = _Prepared(window, epoch, run_id, started)
+        prepared.result.sinks.update(
+            {name: SinkOutcome(name, committed=False, already_committed=True) for name in held}
+        )
         todo = [name for name in self.sink_names if name not in held]
         if not todo:
+            return prepared
+        also = (before.keys.table,) if before is not None and before.keys is not None else ()
+        out = prepared.out = self.outputs(window, seen_also=also)
+        try:
+            prepared.writes = [
+                (group, group.begin(window, out.frames, todo, epoch=epoch, run_id=run_id))
+                for group in self.groups
+            ]
+            writers: list[PartitionWriter] = [
+                w for _, write in prepared.writes for w in write.writers
+            ]
+            if self.index is not None:
+                prepared.keys = self.index.staging_writer(
+                    KEYS_OUTPUT, window.window_id, session_name(self.job.name, epoch)
+                )
+                writers.append(prepared.keys)
+            prepared.results = self._write(window, out, writers, prepared.writes)
+            prepared.result.compute_s = time.monotonic() - started
+            prepared.result.stats = out.counted(prepared.results, writers)
+        except BaseException:
+            self._discard(prepared)
+            raise
+        return prepared
+
+    def _commit(self, prepared: _Prepared, keep_keys: bool = False) -> WindowResult:
+        """Commit a prepared window to its sinks, in order, and mark it completed; its staged
+        dedupe keys enter the key index in that same transaction. `keep_keys`: leave the
+        staged keys for the next window's lookups (it drops them)."""
+        window, epoch, run_id = prepared.window, prepared.epoch, prepared.run_id
+        result, out = prepared.result, prepared.out
+        if out is None:  # every sink held it
             self.ledger.mark_completed(window.window_id)
-            result.latency_s = time.monotonic() - started
+            result.latency_s = time.monotonic() - prepared.started
             return result
-        t0 = time.monotonic()
-        outputs, stats = self.outputs(window)
-        result.compute_s = time.monotonic() - t0
-        result.stats = stats
-        self.ledger.record_stats(window.window_id, stats)
-        faults.point("before_sinks", window.window_id)
-        for group in self.groups:
-            names = [n for n in group.names if n in todo]
-            if names:
+        try:
+            self.ledger.record_stats(window.window_id, result.stats)
+            faults.point("before_sinks", window.window_id)
+            for group, write in prepared.writes:
                 result.sinks.update(
-                    group.commit(
-                        window, outputs, names, epoch=epoch, run_id=run_id,
-                        exactly_once=self.exactly_once,
+                    group.finish(
+                        window, write, prepared.results, out.frames, epoch=epoch,
+                        run_id=run_id, exactly_once=self.exactly_once,
                     )
                 )  # fmt: skip
-            faults.point(f"after_{group.kind}", window.window_id)
-        faults.point("after_commits", window.window_id)
-        if self.exactly_once:
-            self.ledger.check_epoch(epoch)
-        self.ledger.mark_completed(window.window_id)
+                faults.point(f"after_{group.kind}", window.window_id)
+            faults.point("after_commits", window.window_id)
+            if self.exactly_once:
+                self.ledger.check_epoch(epoch)
+            prepared.indexed = self._complete(window.window_id, prepared.keys, prepared.results)
+        finally:
+            out.release()
+            if not keep_keys:
+                self._drop_keys(prepared)
         WindowStage(self.settings.lake, self.job.name, window.window_id, window.offsets).discard()
-        result.latency_s = time.monotonic() - started
+        result.latency_s = time.monotonic() - prepared.started
         return result
+
+    def _discard(self, prepared: _Prepared) -> None:
+        """Drop a prepared window that will not be committed (its staged copies are never
+        committed; a later prepare of the window writes new ones)."""
+        if prepared.out is not None:
+            prepared.out.release()
+        self._drop_keys(prepared)
+
+    def _drop_keys(self, prepared: _Prepared) -> None:
+        if prepared.keys is not None and self.index is not None:
+            self.index.drop_staging(prepared.keys.table)
+
+    def _write(
+        self,
+        window: Window,
+        out: WindowOutputs,
+        writers: list[PartitionWriter],
+        writes: list[tuple[SinkGroup, WindowWrite]],
+    ) -> dict[str, list[dict[str, Any]]]:
+        """Run every writer in one Spark job. If that job fails, each group's writers (and the
+        key index's) run again on their own; nothing is committed before `finish`."""
+        try:
+            return run_writers(out.frames, writers, out.count_frames(writers))
+        except Exception as exc:
+            _log.warning(
+                "window %d: the write job failed (%s); writing each sink group on its own",
+                window.window_id,
+                type(exc).__name__,
+            )
+        out.count()
+        grouped = [write.writers for _, write in writes]
+        grouped.append([w for w in writers if not any(w in g for g in grouped)])
+        results: dict[str, list[dict[str, Any]]] = {}
+        for group_writers in grouped:
+            try:
+                results.update(run_writers(out.frames, group_writers))
+            except Exception as exc:
+                raise TransientSinkError(
+                    f"window {window.window_id}: writing its rows failed on an executor "
+                    f"({type(exc).__name__}); nothing was committed. Run the job again."
+                ) from None
+        return results
+
+    def _complete(
+        self, window_id: int, keys: CopyWriter | None, results: dict[str, list[dict[str, Any]]]
+    ) -> bool:
+        """Mark the window completed, moving its staged dedupe keys into the key index in the
+        same transaction; False if they were lost (the next window indexes them from the
+        state sink)."""
+        index = self.index
+        if keys is None or index is None or keys.key not in results:
+            self.ledger.mark_completed(window_id)
+            return index is None
+        rows = rows_written(results[keys.key])
+        indexed: list[bool] = []
+
+        def add(conn: Any) -> None:
+            indexed[:] = [index.add(conn, keys.table, [window_id], rows)]
+
+        self.ledger.mark_completed(window_id, also=add)
+        if not indexed[0]:
+            _log.warning("window %d: its staged dedupe keys were lost", window_id)
+        return indexed[0]
 
     def recover(self, run_id: str) -> RecoveryResult:
         """Put back completed windows a sink lost (as reconcile does), then run: pending windows,
@@ -459,14 +735,17 @@ class Engine:
         for window, seq in todo:
             t0 = time.monotonic()
             tag = f"-r{seq}"
-            outputs, stats = self.outputs(window, stage_tag=tag)
-            result = WindowResult(window.window_id, window.offsets, stats)
-            for group in self.groups:
-                result.sinks.update(
-                    group.restate(window, outputs, epoch=epoch, run_id=run_id, seq=seq)
-                )
+            out = self.outputs(window, stage_tag=tag)
+            result = WindowResult(window.window_id, window.offsets, out.count())
+            try:
+                for group in self.groups:
+                    result.sinks.update(
+                        group.restate(window, out.frames, epoch=epoch, run_id=run_id, seq=seq)
+                    )
+            finally:
+                out.release()
             faults.point("restated", window.window_id)
-            self.ledger.record_stats(window.window_id, stats)
+            self.ledger.record_stats(window.window_id, result.stats)
             self.ledger.complete_restatement(seq)
             WindowStage(
                 self.settings.lake, self.job.name, window.window_id, window.offsets, tag
@@ -518,20 +797,44 @@ class Engine:
 
     # -- computing ----------------------------------------------------------------------------
 
-    def seen_keys(self, window_id: int) -> DataFrame | None:
-        """Dedupe keys that windows before `window_id` kept (None without dedupe)."""
-        dedupe = self.job.dedupe
-        if dedupe is None:
-            return None
+    def ensure_index(self, window_id: int) -> None:
+        """Put completed windows before `window_id` that the key index lacks into it, from the
+        dedupe state sink (made before the index existed, or their staged keys were lost)."""
+        dedupe, index = self.job.dedupe, self.index
+        if dedupe is None or index is None:
+            return
+        missing = index.missing(window_id)
+        if not missing:
+            return
         group = self.group_of[dedupe.state_sink]
         through = group.committed_through()[dedupe.state_sink]
-        if self.exactly_once and through < window_id - 1 and self._unskipped(through, window_id):
+        if through < missing[-1] and self._unskipped(through, missing[-1] + 1):
             raise LedgerError(
                 f"job {self.job.name}: dedupe state {dedupe.state_sink} holds windows up to "
                 f"{through}, but window {window_id} needs every window before it (was the lake "
                 "lost or replaced?). Run `onceflow reconcile " + self.job.name + "`."
             )
-        return group.seen_keys(self.spark, dedupe.state_sink, list(dedupe.key), before=window_id)
+        _log.info(
+            "job %s: indexing the dedupe keys of %d window(s) from %s",
+            self.job.name,
+            len(missing),
+            dedupe.state_sink,
+        )
+        seen = group.seen_keys(self.spark, dedupe.state_sink, list(dedupe.key), only=missing)
+        writer = index.staging_writer(KEYS_OUTPUT, missing[-1], session_name(self.job.name, None))
+        try:
+            rows = 0
+            if seen is not None:
+                frame = key_frame(seen, dedupe.key, "__seen_in")
+                rows = rows_written(run_writers({KEYS_OUTPUT: frame}, [writer])[writer.key])
+
+            def add(conn: Any) -> bool:
+                return index.add(conn, writer.table, missing, rows)
+
+            if not self.ledger.write("index the dedupe keys", add):
+                raise TransientSinkError("the dedupe key staging table lost rows; run again")
+        finally:
+            index.drop_staging(writer.table)
 
     def _unskipped(self, after: int, before: int) -> list[int]:
         """Windows between `after` and `before` (exclusive) that were not skipped."""
@@ -539,44 +842,69 @@ class Engine:
         return [w for w in range(after + 1, before) if w not in skipped]
 
     def outputs(
-        self, window: Window, *, use_stage: bool = True, stage_tag: str = ""
-    ) -> tuple[dict[str, DataFrame], dict[str, Any]]:
-        """The window's outputs, staged once so every sink and every retry sees the same rows."""
-        stage = WindowStage(
-            self.settings.lake, self.job.name, window.window_id, window.offsets, stage_tag
-        )
+        self, window: Window, *, stage_tag: str = "", seen_also: tuple[str, ...] = ()
+    ) -> WindowOutputs:
+        """The window's outputs and stats, the same rows for every sink and every retry.
+
+        A deterministic job computes them again on a replay, from cached intermediates within
+        a run; any other job stages them once (Parquet under the lake) and reuses the stage.
+        """
+        from pyspark.sql import functions as F
+
+        self.ensure_index(window.window_id)
         names = sorted({s.output for s in self.job.sinks})
-        stats = stage.complete() if use_stage else None
-        if stats is not None and stage.intact(stats, names):
-            return {name: stage.read(self.spark, name) for name in names}, stats
-        if stats is not None:
-            _log.warning("window %d: its stage lost rows; computing it again", window.window_id)
-            stage.clear()
+        stage = None
+        if not self.job.deterministic:
+            stage = WindowStage(
+                self.settings.lake, self.job.name, window.window_id, window.offsets, stage_tag
+            )
+            staged_names = [*names, KEYS_OUTPUT] if self.index is not None else names
+            stats = stage.complete()
+            if stats is not None and stage.intact(stats, staged_names):
+                return WindowOutputs(
+                    {name: stage.read(self.spark, name) for name in staged_names}, stats
+                )
+            if stats is not None:
+                _log.warning("window %d: its stage lost rows; computing it again", window.window_id)
+                stage.clear()
+        index, dedupe = self.index, self.job.dedupe
         computed = compute(
             self.spark,
             self.job,
             self.settings,
             [window],
-            stage.root,
-            seen=self.seen_keys(window.window_id),
+            lookup=(
+                index.lookup(dedupe.key, window.window_id, seen_also)
+                if index is not None and dedupe is not None
+                else None
+            ),
         )
-        staged = {
-            name: stage.write(name, computed.outputs[name].drop(WINDOW_COL)) for name in names
+        frames = {
+            name: df.drop(WINDOW_COL) for name, df in computed.outputs.items() if name in names
         }
-        counts = {name: stage.rows(name) for name in names}
-        quarantine = (
-            self.job.sink(self.job.quarantine_sink).output if self.job.quarantine_sink else None
-        )
-        stats = {
-            "rows_in": stage.rows(PARSED),
-            "quarantined": counts.get(quarantine, 0) if quarantine else 0,
-            "kept": stage.rows(KEPT),
-            "outputs": counts,
-        }
-        stats["valid"] = stats["rows_in"] - stats["quarantined"]
-        stats["duplicates"] = stats["valid"] - stats["kept"]
-        stage.finish(stats)
-        return staged, stats
+        if dedupe is not None:
+            state = self.job.sink(dedupe.state_sink)
+            if "_window_id" not in frames[state.output].columns:
+                computed.release()
+                raise ConfigurationError(
+                    f"sink {state.name} holds the job's dedupe state, but its rows have no "
+                    "`_window_id` column; add it in the transform (the window's id, from ctx)."
+                )
+        if index is not None:
+            frames[KEYS_OUTPUT] = computed.kept.where(F.col(KEY_COL).isNotNull()).select(
+                KEY_COL, F.lit(window.window_id).cast("bigint").alias("window_id")
+            )
+        out = WindowOutputs(frames, None, computed, quarantine=self.job.quarantine_sink is not None)
+        if stage is None:
+            return out
+        try:
+            stats = out.count()
+            staged = {name: stage.write(name, frames[name]) for name in frames}
+            stats["outputs"] = {name: stage.rows(name) for name in frames}
+            stage.finish(stats)
+        finally:
+            out.release()
+        return WindowOutputs(staged, stats)
 
 
 def build_engine(

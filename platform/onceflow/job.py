@@ -74,6 +74,11 @@ class Job:
         metadata: Extra rules for the quality suites (`regex`, `sums`); see docs/jobs.md.
         freshness_s: Input visible for longer than this without a window planning it fails the
             job's freshness check (a trigger that never fired, runs that died before planning).
+        deterministic: The parse and transform are pure functions of their input (no `rand()`,
+            `uuid()`, `current_timestamp()`, nothing read from outside): a window's outputs are
+            then computed again from its input on a replay instead of being staged first, which
+            saves a write and a read of every output. Leave it False when in doubt: a replay
+            of a non-deterministic transform would give some sinks other rows than the rest.
     """
 
     name: str
@@ -87,6 +92,7 @@ class Job:
     description: str = ""
     metadata: Mapping[str, Any] = field(default_factory=dict)
     freshness_s: float = 3600.0
+    deterministic: bool = False
 
     def __post_init__(self) -> None:
         check_identifier(self.name, "job name")

@@ -458,15 +458,22 @@ class Ledger:
             ),
         )
 
-    def mark_completed(self, window_id: int) -> None:
-        self.write(
-            f"mark window {window_id} completed",
-            lambda conn: conn.execute(
+    def mark_completed(
+        self, window_id: int, also: Callable[[psycopg.Connection], object] | None = None
+    ) -> None:
+        """Mark the window completed (every sink holds it), with `also(conn)` in the same
+        transaction; `also` must be idempotent (the whole transaction is retried)."""
+
+        def work(conn: psycopg.Connection) -> None:
+            if also is not None:
+                also(conn)
+            conn.execute(
                 "UPDATE onceflow.windows SET completed_at = now()"
                 " WHERE job = %s AND window_id = %s AND completed_at IS NULL",
                 (self.job, window_id),
-            ),
-        )
+            )
+
+        self.write(f"mark window {window_id} completed", work)
 
     def skipped_windows(self) -> list[tuple[int, str]]:
         """Windows an operator skipped, with the reasons, in window order."""

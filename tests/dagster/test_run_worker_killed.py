@@ -376,6 +376,10 @@ def test_killed_run_workers_end_in_recovery_with_exact_outputs(
         # daily_totals reads the payments table and would start a Spark run per payments commit:
         # load on a 2-core machine that has nothing to do with what is tested here.
         dev.stop_sensor("daily_totals_new_data_sensor")
+        # The hourly reconcile schedules take epochs too: one firing on the hour while a retry
+        # starts would pass for that retry's start. The failure sensor's recovery is tested here.
+        for name in (f"{JOB}_reconcile_schedule", "daily_totals_reconcile_schedule"):
+            dev.stop_schedule(name)
         assert dev.pool(POOL)["limit"] == 1, dev.pool(POOL)
 
         land(landing, seed=11)

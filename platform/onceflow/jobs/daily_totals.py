@@ -36,6 +36,7 @@ DAILY_TOTALS = Job(
     name="daily_totals",
     description="Per-day, per-currency totals of the payments Delta table, exactly once.",
     source=DeltaTableSource(table="payments"),
+    deterministic=True,
     transform=daily_totals,
     sinks=(
         PostgresSink(

@@ -9,6 +9,7 @@ from onceflow.job import Dedupe, Job, WindowContext
 from onceflow.jobs._payments_rules import Invalid, Payment, parse_payment_line
 from onceflow.sinks.delta import DeltaSink
 from onceflow.sinks.postgres import PostgresSink, quarantine_table
+from onceflow.sources.base import ArrowParse
 from onceflow.sources.landing import LandingSource
 
 if TYPE_CHECKING:
@@ -102,9 +103,9 @@ def _arrow_schema() -> pa.Schema:
 _ARROW_SCHEMA = _arrow_schema()
 
 
-def parse_payments(raw: DataFrame) -> DataFrame:
-    """Raw lines → one row per non-blank line: the payment's fields, or `_reason` if invalid."""
-    return raw.mapInArrow(_parse_batches, PARSED_SCHEMA)
+# Raw lines → one row per non-blank line: the payment's fields, or `_reason` if invalid. Run
+# batch by batch in the landing source's own read step.
+parse_payments = ArrowParse(_parse_batches, PARSED_SCHEMA)
 
 
 def transform_payments(valid: DataFrame, ctx: WindowContext) -> Mapping[str, DataFrame]:
@@ -134,6 +135,7 @@ PAYMENTS = Job(
     name="payments",
     description="Payments from JSON-lines landing files into Delta and PostgreSQL, exactly once.",
     source=LandingSource(folder="payments", suffix=".jsonl"),
+    deterministic=True,
     parse=parse_payments,
     transform=transform_payments,
     dedupe=Dedupe(key=("payment_id",), state_sink="lake_payments"),

@@ -8,7 +8,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any, Literal
 
-from onceflow._compute import compute
+from onceflow._compute import Computed, compute
 from onceflow.errors import ConfigurationError
 from onceflow.ledger import Window
 from onceflow.sinks.base import ReconcileScope
@@ -108,6 +108,7 @@ def reconcile(
     bad = frozenset(wid for wid, _ in unverifiable)
     verified = _verified_through(engine) if mode == "incremental" else {}
     workdir = settings.lake / "_onceflow" / "reconcile" / job.name / uuid.uuid4().hex
+    computed: Computed | None = None
     try:
         outputs: dict[str, DataFrame] = {}
         if available:
@@ -117,7 +118,8 @@ def reconcile(
                 # the state sink; trusting it here is the best there is (the input is gone).
                 state = engine.group_of[job.dedupe.state_sink]
                 seen = state.seen_keys(spark, job.dedupe.state_sink, list(job.dedupe.key), only=bad)
-            outputs = compute(spark, job, settings, available, workdir, seen=seen).outputs
+            computed = compute(spark, job, settings, available, seen=seen)
+            outputs = computed.outputs
         diffs: list[SinkDiff] = []
         checked: set[int] = set()
         newly_verified: dict[str, int] = {}
@@ -145,6 +147,8 @@ def reconcile(
         if epoch is not None:
             _record_verified(engine, newly_verified)
     finally:
+        if computed is not None:
+            computed.release()
         shutil.rmtree(workdir, ignore_errors=True)
     return ReconcileReport(
         job=job.name,

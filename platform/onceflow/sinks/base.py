@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from onceflow._identifiers import check_identifier
+from onceflow.sinks.writers import PartitionWriter, run_writers
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -40,6 +41,21 @@ class SinkOutcome:
     delta_version: int | None = None
     xid: str | None = None
     latency_s: float = 0.0
+
+
+@dataclass
+class WindowWrite:
+    """A group's part of one window's write, between `SinkGroup.begin` and `SinkGroup.finish`.
+
+    Attributes:
+        sinks: The group's sinks this write commits the window to.
+        writers: What the executors write for them (staged, invisible until `finish` commits).
+        state: The group's own bookkeeping (staging table names, …).
+    """
+
+    sinks: list[str]
+    writers: list[PartitionWriter] = field(default_factory=list)
+    state: Any = None
 
 
 @dataclass(frozen=True)
@@ -162,6 +178,38 @@ class SinkGroup(ABC):
         """Every window the sinks' commit records name, with its offsets and epoch."""
 
     @abstractmethod
+    def begin(
+        self,
+        window: Window,
+        outputs: Mapping[str, DataFrame],
+        sinks: Sequence[str],
+        *,
+        epoch: int,
+        run_id: str,
+    ) -> WindowWrite:
+        """Prepare committing `window` to `sinks` (names in this group): say what the executors
+        write. Nothing is visible to readers until `finish`."""
+
+    @abstractmethod
+    def finish(
+        self,
+        window: Window,
+        write: WindowWrite,
+        results: Mapping[str, Sequence[Mapping[str, Any]]],
+        outputs: Mapping[str, DataFrame],
+        *,
+        epoch: int,
+        run_id: str,
+        exactly_once: bool,
+    ) -> dict[str, SinkOutcome]:
+        """Commit what `write`'s writers wrote (`results`, by writer key), unless the sinks
+        hold the window already; `outputs` can be written again if the staged copy was lost.
+
+        Raises:
+            FencedError: A newer run has taken over; nothing was written.
+            SinkError: The commit failed; nothing was written.
+        """
+
     def commit(
         self,
         window: Window,
@@ -172,12 +220,17 @@ class SinkGroup(ABC):
         run_id: str,
         exactly_once: bool,
     ) -> dict[str, SinkOutcome]:
-        """Commit `window` to `sinks` (names in this group) unless they hold it already.
-
-        Raises:
-            FencedError: A newer run has taken over; nothing was written.
-            SinkError: The commit failed; nothing was written.
-        """
+        """Commit `window` to `sinks` (names in this group) unless they hold it already: begin,
+        write on the executors, finish. The engine does the same for every group at once, in
+        one Spark job."""
+        sinks = [name for name in sinks if name in self.names]
+        if not sinks:
+            return {}
+        write = self.begin(window, outputs, sinks, epoch=epoch, run_id=run_id)
+        results = run_writers(outputs, write.writers)
+        return self.finish(
+            window, write, results, outputs, epoch=epoch, run_id=run_id, exactly_once=exactly_once
+        )
 
     @abstractmethod
     def check_restate(self, window: Window) -> None:

@@ -21,11 +21,12 @@ needs no parse step; a raw source (JSON lines) gives `_raw BINARY` and the job p
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
     from onceflow.settings import Settings
@@ -33,6 +34,30 @@ if TYPE_CHECKING:
 POSITION_COLUMNS: tuple[str, ...] = ("_file_idx", "_source_file", "_source_line")
 REASON_COLUMN = "_reason"
 RAW_TEXT_COLUMN = "_raw_text"
+
+
+# A function over one partition's Arrow batches, as `DataFrame.mapInArrow` takes it.
+BatchFunction = Callable[[Iterator["pa.RecordBatch"]], Iterator["pa.RecordBatch"]]
+
+
+@dataclass(frozen=True)
+class ArrowParse:
+    """A parse step over Arrow batches: `fn` turns raw batches into batches of `schema`.
+
+    Use it as a job's `parse` when the parse is Python code over each partition's batches. It
+    works on any raw source; a source that reads in Python itself (landing files) runs it in
+    that same step, which saves a pass of every record through a Python worker.
+
+    Attributes:
+        fn: The function, as `DataFrame.mapInArrow` takes it.
+        schema: Its output schema, as a DDL string.
+    """
+
+    fn: BatchFunction
+    schema: str
+
+    def __call__(self, raw: DataFrame) -> DataFrame:
+        return raw.mapInArrow(self.fn, self.schema)
 
 
 @dataclass(frozen=True)
@@ -105,6 +130,22 @@ class Source(ABC):
     @abstractmethod
     def observe(self, settings: Settings) -> Observation:
         """What the source holds now (cheap: no Spark)."""
+
+    def read_mapped(
+        self,
+        spark: SparkSession,
+        settings: Settings,
+        offsets: Mapping[str, Any],
+        fn: BatchFunction,
+        schema: str,
+    ) -> DataFrame:
+        """The window's records passed through `fn` (output `schema`, a DDL string); a source
+        that reads in Python runs `fn` in that same step.
+
+        Raises:
+            SourceError: When the input is no longer what was planned.
+        """
+        return self.read(spark, settings, offsets).mapInArrow(fn, schema)
 
     def read_many(
         self, spark: SparkSession, settings: Settings, offsets: Sequence[Mapping[str, Any]]

@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from onceflow.errors import SourceError
-from onceflow.sources.base import Observation, Source
+from onceflow.sources.base import BatchFunction, Observation, Source
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
     from onceflow.settings import Settings
@@ -84,13 +85,7 @@ class LandingFiles(Source):
     def read(
         self, spark: SparkSession, settings: Settings, offsets: Mapping[str, Any]
     ) -> DataFrame:
-        problems = self.check_available(settings, offsets)
-        if problems:
-            raise SourceError(
-                "window input is no longer what was planned: "
-                + "; ".join(problems[:5])
-                + ". Restore the files, or reconcile to report the window as unverifiable."
-            )
+        _check_planned(self.check_available(settings, offsets))
         return self.read_files(spark, settings.landing, list(offsets.get("files", [])))
 
     def read_many(
@@ -149,7 +144,23 @@ class LandingSource(LandingFiles):
     folder: str
     suffix: str = ".jsonl"
 
+    def read_mapped(
+        self,
+        spark: SparkSession,
+        settings: Settings,
+        offsets: Mapping[str, Any],
+        fn: BatchFunction,
+        schema: str,
+    ) -> DataFrame:
+        files = list(offsets.get("files", []))
+        if not files or not all(_binary_readable(settings.landing / f) for f in files):
+            return super().read_mapped(spark, settings, offsets, fn, schema)
+        _check_planned(self.check_available(settings, offsets))
+        return _read_binary(spark, settings.landing, files, then=fn, schema=schema)
+
     def read_files(self, spark: SparkSession, root: Path, files: list[str]) -> DataFrame:
+        if files and all(_binary_readable(root / f) for f in files):
+            return _read_binary(spark, root, files)
         # Registered on every read: a Spark Connect session can change under us.
         spark.dataSource.register(_LinesDataSource)
         return (
@@ -158,6 +169,87 @@ class LandingSource(LandingFiles):
             .option("files", json.dumps(files))
             .load()
         )
+
+
+# Files Spark's own binary reader takes (it reads a whole file as one value): smaller than
+# this, and with names that Hadoop paths neither glob nor misparse.
+BINARY_READ_MAX_BYTES = 256 << 20
+# Windows up to this size are read as one Spark partition.
+ONE_TASK_MAX_BYTES = 16 << 20
+_HADOOP_UNSAFE = frozenset(":*?[]{}\\#%")
+
+
+def _binary_readable(path: Path) -> bool:
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return False
+    return size < BINARY_READ_MAX_BYTES and not _HADOOP_UNSAFE.intersection(str(path))
+
+
+def _check_planned(problems: list[str]) -> None:
+    if problems:
+        raise SourceError(
+            "window input is no longer what was planned: "
+            + "; ".join(problems[:5])
+            + ". Restore the files, or reconcile to report the window as unverifiable."
+        )
+
+
+def _read_binary(
+    spark: SparkSession,
+    root: Path,
+    files: list[str],
+    *,
+    then: BatchFunction | None = None,
+    schema: str = "",
+) -> DataFrame:
+    """The lines of `files`, read by Spark's native binary-file reader and split on the
+    executors, then passed through `then` (output `schema`) in the same Python step."""
+    full = [str((root / rel).absolute()) for rel in files]
+    index = {path: (i, rel) for i, (path, rel) in enumerate(zip(full, files, strict=True))}
+
+    def split(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from urllib.parse import unquote, urlparse
+
+        import pyarrow as pa
+
+        for batch in batches:
+            for uri, content in zip(
+                batch.column("path").to_pylist(), batch.column("content").to_pylist(), strict=True
+            ):
+                path = unquote(urlparse(uri).path)
+                found = index.get(path) or next(
+                    (v for k, v in index.items() if path.endswith("/" + v[1])), None
+                )
+                if found is None:
+                    raise SourceError(f"the binary reader returned a file not asked for: {uri}")
+                file_idx, rel = found
+                lines = content.split(b"\n")
+                if lines[-1] == b"":  # the newline that ends the last line starts no new one
+                    lines.pop()
+                if lines:
+                    yield pa.RecordBatch.from_pydict(
+                        {
+                            "_file_idx": pa.array([file_idx] * len(lines), pa.int32()),
+                            "_source_file": [rel] * len(lines),
+                            "_source_line": pa.array(range(1, len(lines) + 1), pa.int64()),
+                            "_raw": pa.array(lines, pa.binary()),
+                        }
+                    )
+
+    def split_then(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        assert then is not None
+        return then(split(batches))
+
+    files_frame = spark.read.format("binaryFile").load(full).select("path", "content")
+    if sum((root / rel).stat().st_size for rel in files) <= ONE_TASK_MAX_BYTES:
+        # A small window is read, parsed and deduplicated by one task: no shuffle to find
+        # first occurrences, and one file per output.
+        files_frame = files_frame.coalesce(1)
+    if then is None:
+        return files_frame.mapInArrow(split, RAW_SCHEMA)
+    return files_frame.mapInArrow(split_then, schema)
 
 
 def _iter_lines(root: str, file_idx: int, rel: str) -> Iterator[tuple[int, str, int, bytes]]:

@@ -18,10 +18,17 @@ from onceflow.sinks.base import (
     SinkGroup,
     SinkOutcome,
     SinkReconcile,
+    WindowWrite,
 )
 from onceflow.sinks.delta._reconcile import reconcile_delta
 from onceflow.sinks.delta.spec import DeltaSink
-from onceflow.sinks.delta.table import META_PREFIX, DeltaCommit, DeltaTableSink
+from onceflow.sinks.delta.table import (
+    META_PREFIX,
+    DeltaCommit,
+    DeltaTableSink,
+    add_actions,
+    spark_schema_to_arrow,
+)
 from onceflow.windows import WINDOW_COL, parse_interval
 
 if TYPE_CHECKING:
@@ -73,7 +80,7 @@ class DeltaGroup(SinkGroup):
             for entry in self.table.history()
         ]
 
-    def commit(
+    def begin(
         self,
         window: Window,
         outputs: Mapping[str, DataFrame],
@@ -81,20 +88,38 @@ class DeltaGroup(SinkGroup):
         *,
         epoch: int,
         run_id: str,
+    ) -> WindowWrite:
+        if self.spec.name not in sinks:
+            return WindowWrite([])
+        schema = spark_schema_to_arrow(outputs[self.spec.output])
+        self.table.ensure_table(schema)
+        writer = self.table.file_writer(
+            self.spec.name, self.spec.output, schema, window.window_id, epoch
+        )
+        return WindowWrite([self.spec.name], [writer], time.monotonic())
+
+    def finish(
+        self,
+        window: Window,
+        write: WindowWrite,
+        results: Mapping[str, Sequence[Mapping[str, Any]]],
+        outputs: Mapping[str, DataFrame],
+        *,
+        epoch: int,
+        run_id: str,
         exactly_once: bool,
     ) -> dict[str, SinkOutcome]:
-        if self.spec.name not in sinks:
+        if not write.sinks:
             return {}
-        started = time.monotonic()
-        commit = self.table.commit_window(
-            outputs[self.spec.output],
+        commit = self.table.commit_files(
+            add_actions([dict(r) for r in results[self.spec.name]]),
             window_id=window.window_id,
             epoch=epoch,
             run_id=run_id,
             offsets=window.offsets,
             exactly_once=exactly_once,
         )
-        return self._outcome(commit, started)
+        return self._outcome(commit, write.state)
 
     def check_restate(self, window: Window) -> None:
         if self.table.committed_through() < window.window_id:

@@ -19,7 +19,7 @@ import logging
 import shutil
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -32,6 +32,7 @@ from deltalake.transaction import AddAction, RemoveAction
 
 from onceflow._identifiers import delta_app_id, epoch_app_id, restate_app_id
 from onceflow.errors import FencedError, SinkError, TransientSinkError
+from onceflow.sinks.writers import PartitionHandle, PartitionWriter, run_writers
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -190,31 +191,25 @@ class DeltaTableSink:
             ),
         )
 
+    def file_writer(
+        self, key: str, output: str, schema: pa.Schema, window_id: int, epoch: int
+    ) -> DeltaFileWriter:
+        """A writer the executors use to write one window's Parquet files into the table."""
+        folder = f"w{window_id:010d}-e{epoch}-{uuid.uuid4().hex[:8]}"
+        return DeltaFileWriter(key, output, str(self.path), folder, schema)
+
     def write_files(self, df: DataFrame, window_id: int, epoch: int) -> list[AddAction]:
         """Have the executors write `df` as Parquet into the table folder; return add actions."""
-        folder = f"w{window_id:010d}-e{epoch}-{uuid.uuid4().hex[:8]}"
-        target = self.path / folder
-        df.write.mode("overwrite").option("compression", "snappy").parquet(str(target))
-        actions = []
-        now_ms = int(time.time() * 1000)
-        for file in sorted(target.glob("*.parquet")):
-            rows = pq.read_metadata(file).num_rows
-            if rows == 0:
-                file.unlink()
-                continue
-            actions.append(
-                AddAction(
-                    path=f"{folder}/{file.name}",
-                    size=file.stat().st_size,
-                    partition_values={},
-                    modification_time=now_ms,
-                    data_change=True,
-                    stats=json.dumps({"numRecords": rows}),
-                )
-            )
-        for litter in target.glob(".*.crc"):
-            litter.unlink(missing_ok=True)
-        return actions
+        writer = self.file_writer("files", "df", spark_schema_to_arrow(df), window_id, epoch)
+        return add_actions(run_writers({"df": df}, [writer])[writer.key])
+
+    def held(self, window_id: int, epoch: int) -> bool:
+        """Whether the table holds `window_id` already (FencedError if a newer run claimed it)."""
+        if not self.exists():
+            return False
+        table = self.table()
+        self._check(table, window_id, epoch)
+        return (table.transaction_version(self.app_id) or 0) >= window_id
 
     def commit_window(
         self,
@@ -226,14 +221,30 @@ class DeltaTableSink:
         offsets: dict[str, Any],
         exactly_once: bool = True,
     ) -> DeltaCommit:
-        """Commit the window's rows in one Delta commit, unless the table already holds it."""
+        """Write `df` and commit it as the window, unless the table already holds it."""
         self.ensure_table(spark_schema_to_arrow(df))
-        if exactly_once:
-            table = self.table()
-            self._check(table, window_id, epoch)
-            if (table.transaction_version(self.app_id) or 0) >= window_id:
-                return DeltaCommit(None, 0, True)
-        adds = self.write_files(df, window_id, epoch)
+        if exactly_once and self.held(window_id, epoch):
+            return DeltaCommit(None, 0, True)
+        return self.commit_files(
+            self.write_files(df, window_id, epoch),
+            window_id=window_id,
+            epoch=epoch,
+            run_id=run_id,
+            offsets=offsets,
+            exactly_once=exactly_once,
+        )
+
+    def commit_files(
+        self,
+        adds: list[AddAction],
+        *,
+        window_id: int,
+        epoch: int,
+        run_id: str,
+        offsets: dict[str, Any],
+        exactly_once: bool = True,
+    ) -> DeltaCommit:
+        """Commit the window's files (`adds`) in one Delta commit, unless the table holds it."""
         rows = sum(json.loads(a.stats)["numRecords"] for a in adds)
         metadata = {
             f"{META_PREFIX}job": self.job,
@@ -436,3 +447,73 @@ class DeltaTableSink:
         ]
         out.sort(key=lambda e: int(e[f"{META_PREFIX}window_id"]))
         return out
+
+
+def add_actions(results: list[dict[str, Any]]) -> list[AddAction]:
+    """Add actions for the files `DeltaFileWriter`s wrote (partitions without rows wrote none)."""
+    return [
+        AddAction(
+            path=r["path"],
+            size=int(r["size"]),
+            partition_values={},
+            modification_time=int(r["modified_ms"]),
+            data_change=True,
+            stats=json.dumps({"numRecords": int(r["rows"])}),
+        )
+        for r in sorted(results, key=lambda r: r.get("path", ""))
+        if r.get("rows")
+    ]
+
+
+class DeltaFileWriter(PartitionWriter):
+    """Writes each partition of an output as one Parquet file in `<table>/<folder>/`.
+
+    The file is written by the executor with pyarrow and reported back (path, size, rows), so
+    the driver never lists the table's folder; nothing is visible to readers until the driver
+    commits the add actions.
+    """
+
+    def __init__(self, key: str, output: str, table: str, folder: str, schema: pa.Schema) -> None:
+        self.key = key
+        self.output = output
+        self.table = table
+        self.folder = folder
+        # Every file says every column may be null, whatever frame wrote it, so a window's
+        # files and a repair's read back with one schema.
+        self.schema = pa.schema([f.with_nullable(True) for f in schema])
+
+    def columns(self, available: Sequence[str]) -> Sequence[str]:
+        return self.schema.names
+
+    def open(self, partition: int) -> PartitionHandle:
+        return _FileHandle(self, partition)
+
+
+class _FileHandle(PartitionHandle):
+    def __init__(self, writer: DeltaFileWriter, partition: int) -> None:
+        self.writer = writer
+        self.name = f"{writer.folder}/part-{partition:05d}-{uuid.uuid4().hex}.parquet"
+        self.file: pq.ParquetWriter | None = None
+        self.rows = 0
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        w = self.writer
+        if self.file is None:
+            full = Path(w.table) / self.name
+            full.parent.mkdir(parents=True, exist_ok=True)
+            self.file = pq.ParquetWriter(str(full), w.schema, compression="snappy")
+        self.file.write_table(pa.Table.from_batches([batch]).select(w.schema.names).cast(w.schema))
+        self.rows += batch.num_rows
+
+    def close(self) -> dict[str, Any]:
+        if self.file is None:
+            return {"rows": 0}
+        self.file.close()
+        full = Path(self.writer.table) / self.name
+        stat = full.stat()
+        return {
+            "rows": self.rows,
+            "path": self.name,
+            "size": stat.st_size,
+            "modified_ms": int(stat.st_mtime * 1000),
+        }

@@ -24,7 +24,7 @@ import io
 import json
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +43,7 @@ from onceflow.postgres import (
     retrying,
 )
 from onceflow.sinks.postgres.spec import PostgresSink
+from onceflow.sinks.writers import PartitionHandle, PartitionWriter, rows_written, run_writers
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -185,71 +186,87 @@ class Applied:
     already_committed: bool
 
 
-def copy_partition(
-    dsn: str,
-    app_name: str,
-    schema: str,
-    table: str,
-    columns: list[str],
-    retry_s: float | None = None,
-) -> Any:
-    """A mapInArrow function: COPY each executor partition into `schema.table`.
+class CopyWriter(PartitionWriter):
+    """COPY one output's `columns` into the staging table `onceflow.<table>` on the executors.
 
-    Each partition is one transaction. The CSV sent is also spooled, so after a lost connection
-    the executor decides by the transaction's id whether its COPY committed (a COMMIT whose
-    answer was lost) and otherwise sends the spooled rows again, with backoff, for up to
-    `retry_s` seconds (default ONCEFLOW_PG_RETRY_S, read on the driver). The driver's count
-    check on the staging table stays the authority.
+    Each partition is one transaction. The CSV is spooled first (in memory up to
+    SPOOL_IN_MEMORY_BYTES, then on local disk), so after a lost connection the executor decides
+    by the transaction's id whether its COPY committed (a COMMIT whose answer was lost) and
+    otherwise sends the spooled rows again, with backoff, for up to `retry_s` seconds (read on
+    the driver from ONCEFLOW_PG_RETRY_S). The driver's count check on the staging table stays
+    the authority.
     """
-    deadline_s = retry_deadline_s() if retry_s is None else retry_s
 
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def __init__(
+        self,
+        key: str,
+        output: str,
+        dsn: str,
+        app_name: str,
+        table: str,
+        columns: Sequence[str],
+        retry_s: float | None = None,
+    ) -> None:
+        self.key = key
+        self.output = output
+        self.dsn = dsn
+        self.app_name = app_name
+        self.table = table
+        self.column_names = list(columns)
+        self.retry_s = retry_deadline_s() if retry_s is None else retry_s
+
+    def columns(self, available: Sequence[str]) -> Sequence[str]:
+        return self.column_names
+
+    def open(self, partition: int) -> PartitionHandle:
+        return _CopyHandle(self)
+
+
+class _CopyHandle(PartitionHandle):
+    def __init__(self, writer: CopyWriter) -> None:
         import tempfile
 
-        import psycopg
+        import pyarrow.csv as pacsv
+
+        self.writer = writer
+        self.rows = 0
+        self.options = pacsv.WriteOptions(include_header=False, quoting_style="needed")
+        self.spool = tempfile.SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY_BYTES)
+
+    def write(self, batch: pa.RecordBatch) -> None:
         import pyarrow as pa
         import pyarrow.csv as pacsv
-        from psycopg import sql
 
-        total = 0
+        table = pa.Table.from_batches([batch]).select(self.writer.column_names)
+        buffer = io.BytesIO()
+        pacsv.write_csv(table, buffer, self.options)
+        self.spool.write(buffer.getvalue())
+        self.rows += batch.num_rows
+
+    def close(self) -> dict[str, Any]:
+        if self.rows:
+            self._copy()
+        self.spool.close()
+        return {"rows": self.rows}
+
+    def _copy(self) -> None:
+        w = self.writer
         statement = sql.SQL("COPY {}.{} ({}) FROM STDIN (FORMAT csv)").format(
-            sql.Identifier(schema),
-            sql.Identifier(table),
-            sql.SQL(", ").join(sql.Identifier(c) for c in columns),
+            sql.Identifier("onceflow"),
+            sql.Identifier(w.table),
+            sql.SQL(", ").join(sql.Identifier(c) for c in w.column_names),
         )
-        options = pacsv.WriteOptions(include_header=False, quoting_style="needed")
-        spool = tempfile.SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY_BYTES)
-
-        source = iter(batches)
-
-        def read_input() -> Iterator[bytes]:
-            nonlocal total
-            for batch in source:
-                if batch.num_rows == 0:
-                    continue
-                buffer = io.BytesIO()
-                pacsv.write_csv(pa.Table.from_batches([batch]), buffer, options)
-                spool.seek(0, io.SEEK_END)
-                spool.write(buffer.getvalue())
-                total += batch.num_rows
-                yield buffer.getvalue()
-
-        def read_spool() -> Iterator[bytes]:
-            for _ in read_input():  # the rest of the input, after a COPY cut off midway
-                pass
-            spool.seek(0)
-            while chunk := spool.read(1 << 20):
-                yield chunk
 
         def connect() -> psycopg.Connection:
             return psycopg.connect(
-                dsn, application_name=app_name, connect_timeout=CONNECT_TIMEOUT_S
+                w.dsn, application_name=w.app_name, connect_timeout=CONNECT_TIMEOUT_S
             )
 
-        def copy_once(chunks: Iterator[bytes], sent: list[str]) -> None:
+        def copy_once(sent: list[str]) -> None:
+            self.spool.seek(0)
             with connect() as conn:
                 with conn.cursor() as cur, cur.copy(statement) as copy:
-                    for chunk in chunks:
+                    while chunk := self.spool.read(1 << 20):
                         copy.write(chunk)
                 row = conn.execute("SELECT pg_current_xact_id()::text").fetchone()
                 assert row is not None
@@ -265,36 +282,29 @@ def copy_partition(
             return None if status == "in progress" else status == "committed"
 
         delays = None
-        chunks = read_input()
         sent: list[str] = []  # the id of a transaction whose COMMIT got no answer
         while True:
             failure: Exception | None = None
             try:
                 if not sent:
-                    copy_once(chunks, sent)
-                    break
+                    copy_once(sent)
+                    return
                 decided = committed(sent[-1])
                 if decided:
-                    break
+                    return
                 if decided is False:  # not applied: copy the spooled rows again
                     sent.clear()
-                    chunks = read_spool()
                     continue
                 failure = RuntimeError("the COPY's unanswered COMMIT stayed in progress")
             except Exception as exc:
                 if not is_lost_connection(exc):
                     raise
                 failure = exc
-                chunks = read_spool()
-            delays = delays or retry_delays(deadline_s)
+            delays = delays or retry_delays(w.retry_s)
             delay = delays()
             if delay is None:
                 raise failure
             time.sleep(delay)
-        spool.close()
-        yield pa.RecordBatch.from_pydict({"rows": [total]})
-
-    return run
 
 
 def copy_frame(
@@ -306,9 +316,8 @@ def copy_frame(
     retry_s: float | None = None,
 ) -> int:
     """COPY `df`'s `columns` into `onceflow.<table>` on the executors; return the rows copied."""
-    copier = copy_partition(dsn, app_name, "onceflow", table, columns, retry_s)
-    row = df.select(*columns).mapInArrow(copier, "rows long").groupBy().sum("rows").first()
-    return int(row[0] or 0) if row is not None else 0
+    writer = CopyWriter(table, "df", dsn, app_name, table, columns, retry_s)
+    return rows_written(run_writers({"df": df}, [writer])[writer.key])
 
 
 def _staging_name(job: str, sink: str, window_id: int, epoch: int, tag: str) -> str:
@@ -326,48 +335,66 @@ class Transaction:
 
     # -- staging ------------------------------------------------------------------------------
 
-    def stage(
-        self, spec: PostgresSink, df: DataFrame, window_id: int, epoch: int, tag: str
-    ) -> Staged:
-        """Create the sink's staging table and have the executors COPY `df` into it."""
-        name = _staging_name(self.job, spec.name, window_id, epoch, tag)
-        staging = sql.Identifier("onceflow", name)
-        columns = [
-            sql.SQL("{} {}").format(
-                sql.Identifier(col),
-                # Accumulated deltas are summed exactly; the cast back to the column's type
-                # happens on the final value, so a window cannot overflow halfway.
-                sql.SQL("numeric") if col in spec.accumulate else sql.SQL(pg_type),
-            )
-            for col, pg_type in spec.columns.items()
-        ]
+    def begin_stage(
+        self, specs: Sequence[PostgresSink], window_id: int, epoch: int, tag: str
+    ) -> list[CopyWriter]:
+        """Create the sinks' staging tables (one round trip); return the writers the executors
+        COPY each sink's rows with (`key` = the sink's name)."""
+        names = {s.name: _staging_name(self.job, s.name, window_id, epoch, tag) for s in specs}
         app = session_name(self.job, epoch)
+        self._create_staging(specs, names, app, window_id)
+        return [
+            CopyWriter(s.name, s.output, self._dsn, app, names[s.name], list(s.columns))
+            for s in specs
+        ]
 
+    def _create_staging(
+        self, specs: Sequence[PostgresSink], names: dict[str, str], app: str, window_id: int
+    ) -> None:
         def create() -> None:  # done again, whole, after a lost connection
             with connect(self._dsn, application_name=app) as conn:
-                conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(staging))
-                conn.execute(
-                    sql.SQL("CREATE UNLOGGED TABLE {} ({})").format(
-                        staging, sql.SQL(", ").join(columns)
+                for spec in specs:
+                    staging = sql.Identifier("onceflow", names[spec.name])
+                    columns = [
+                        sql.SQL("{} {}").format(
+                            sql.Identifier(col),
+                            # Accumulated deltas are summed exactly; the cast back to the
+                            # column's type happens on the final value, so a window cannot
+                            # overflow halfway.
+                            sql.SQL("numeric") if col in spec.accumulate else sql.SQL(pg_type),
+                        )
+                        for col, pg_type in spec.columns.items()
+                    ]
+                    conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(staging))
+                    conn.execute(
+                        sql.SQL("CREATE UNLOGGED TABLE {} ({})").format(
+                            staging, sql.SQL(", ").join(columns)
+                        )
                     )
-                )
                 conn.commit()
 
+        sinks = ", ".join(s.name for s in specs)
         try:
             retrying(
                 create,
-                what=f"create the staging table of sink {spec.name} (window {window_id})",
+                what=f"create the staging tables of {sinks} (window {window_id})",
                 dsn=self._dsn,
             )
         except psycopg.OperationalError as exc:
             raise TransientSinkError(f"staging table: {type(exc).__name__}") from None
+
+    def stage(
+        self, spec: PostgresSink, df: DataFrame, window_id: int, epoch: int, tag: str
+    ) -> Staged:
+        """Create the sink's staging table and have the executors COPY `df` into it."""
+        (writer,) = self.begin_stage([spec], window_id, epoch, tag)
         try:
-            rows = copy_frame(self._dsn, app, name, list(spec.columns), df)
+            rows = rows_written(run_writers({spec.output: df}, [writer])[writer.key])
         except Exception as exc:
             raise TransientSinkError(
                 f"copy into staging failed on an executor ({type(exc).__name__})"
             ) from None
-        return Staged(spec, name, rows)
+        return Staged(spec, writer.table, rows)
 
     def drop(self, staged: Sequence[Staged]) -> None:
         try:

@@ -23,17 +23,20 @@ from onceflow.sinks.base import (
     SinkGroup,
     SinkOutcome,
     SinkReconcile,
+    WindowWrite,
 )
 from onceflow.sinks.postgres._reconcile import reconcile_postgres
 from onceflow.sinks.postgres.commit import (
     COMMIT_ATTEMPTS,
     PROTOCOL_DDL,
     Applied,
+    CopyWriter,
     Staged,
     Transaction,
     has_contribution,
 )
 from onceflow.sinks.postgres.spec import PostgresSink, spark_schema
+from onceflow.sinks.writers import rows_written
 from onceflow.windows import WINDOW_COL
 
 if TYPE_CHECKING:
@@ -139,7 +142,7 @@ class PostgresGroup(SinkGroup):
 
     # -- commit -------------------------------------------------------------------------------
 
-    def commit(
+    def begin(
         self,
         window: Window,
         outputs: Mapping[str, DataFrame],
@@ -147,13 +150,45 @@ class PostgresGroup(SinkGroup):
         *,
         epoch: int,
         run_id: str,
-        exactly_once: bool,
-    ) -> dict[str, SinkOutcome]:
+    ) -> WindowWrite:
         todo = [self.by_name[n] for n in sinks if n in self.by_name]
         if not todo:
+            return WindowWrite([])
+        try:
+            writers = self._tx.begin_stage(todo, window.window_id, epoch, "w")
+        except TransientSinkError as exc:
+            # No staging now: `finish` stages each sink on its own, as a retry does.
+            _log.warning("window %d: staging not prepared (%s)", window.window_id, exc)
+            writers = []
+        return WindowWrite([s.name for s in todo], writers, time.monotonic())
+
+    def finish(
+        self,
+        window: Window,
+        write: WindowWrite,
+        results: Mapping[str, Sequence[Mapping[str, Any]]],
+        outputs: Mapping[str, DataFrame],
+        *,
+        epoch: int,
+        run_id: str,
+        exactly_once: bool,
+    ) -> dict[str, SinkOutcome]:
+        if not write.sinks:
             return {}
+        staged = [
+            Staged(self.by_name[w.key], w.table, rows_written(results.get(w.key, [])))
+            for w in write.writers
+            if isinstance(w, CopyWriter)
+        ]
         return self._run(
-            window, outputs, todo, epoch=epoch, run_id=run_id, exactly_once=exactly_once
+            window,
+            outputs,
+            [self.by_name[n] for n in write.sinks],
+            epoch=epoch,
+            run_id=run_id,
+            exactly_once=exactly_once,
+            staged=staged if len(staged) == len(write.sinks) else None,
+            started=write.state,
         )
 
     def _run(
@@ -166,12 +201,16 @@ class PostgresGroup(SinkGroup):
         run_id: str,
         exactly_once: bool,
         seq: int | None = None,
+        staged: list[Staged] | None = None,
+        started: float | None = None,
     ) -> dict[str, SinkOutcome]:
-        started = time.monotonic()
+        """Stage (unless `staged` already holds every sink of `todo`) and apply, again after a
+        transient failure; the markers and the fence, checked inside the transaction, decide."""
+        started = time.monotonic() if started is None else started
         outcomes: dict[str, SinkOutcome] = {}
         last_error: Exception | None = None
         for attempt in range(COMMIT_ATTEMPTS):
-            if exactly_once or seq is not None:
+            if attempt and (exactly_once or seq is not None):
                 # A run that lost its sessions may have been fenced meanwhile: stop, don't write.
                 self.ctx.ledger.check_epoch(epoch)
                 if seq is None:
@@ -181,16 +220,17 @@ class PostgresGroup(SinkGroup):
                     todo = [s for s in todo if s.name not in outcomes]
                     if not todo:
                         return outcomes
-            staged: list[Staged] = []
+            current: list[Staged] = staged if staged is not None and not attempt else []
             try:
                 tag = f"r{seq}" if seq is not None else "w"
-                for spec in todo:
-                    staged.append(
-                        self._tx.stage(spec, outputs[spec.output], window.window_id, epoch, tag)
-                    )
+                if not current:
+                    for spec in todo:
+                        current.append(
+                            self._tx.stage(spec, outputs[spec.output], window.window_id, epoch, tag)
+                        )
                 faults.point("pg_staged", window.window_id)
                 applied, xid = self._tx.run(
-                    staged,
+                    current,
                     window_id=window.window_id,
                     epoch=epoch,
                     run_id=run_id,
@@ -209,7 +249,7 @@ class PostgresGroup(SinkGroup):
                 time.sleep(min(2**attempt, 10))
                 continue
             finally:
-                self._tx.drop(staged)
+                self._tx.drop(current)
             latency = time.monotonic() - started
             outcomes.update(_outcomes(applied, xid, latency))
             return outcomes

@@ -1,0 +1,321 @@
+"""The dedupe key index: every key a completed window kept, with that window, in PostgreSQL.
+
+First-occurrence dedupe asks, for each key of a new window, whether an earlier window kept it.
+Reading the dedupe state sink for that costs the whole history per window; the index answers
+with primary-key lookups instead, so a window's cost does not grow with history.
+
+- `onceflow.dedupe_keys (job, key, window_id)`: primary key `(job, key)`; `key` is the dedupe
+  key as text (`key_text`), `window_id` the first window that kept it.
+- `onceflow.dedupe_windows (job, window_id, keys)`: the windows whose keys are in the index.
+
+A window's keys are staged by the executors during its sink write and enter the index in the
+transaction that marks the window completed (`index_and_complete`), so the index holds exactly
+the completed windows: a window planned again over other input, or skipped, never left keys
+behind. Lookups are filtered by `window_id < N`, so a window replayed after later ones were
+indexed (a lost lake put back) is deduplicated as the first time. If the index lacks completed
+windows (made before the index existed, a lost staging table, a ledger rebuilt from the sinks),
+they are indexed again from the dedupe state sink before the next window is computed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import psycopg
+from psycopg import sql
+
+from onceflow.postgres import (
+    CONNECT_TIMEOUT_S,
+    connect,
+    is_lost_connection,
+    retry_deadline_s,
+    retry_delays,
+)
+from onceflow.sinks.postgres.commit import CopyWriter
+from onceflow.sources.base import REASON_COLUMN
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame
+    from pyspark.sql.types import StructType
+
+    from onceflow.ledger import Ledger
+
+_log = logging.getLogger(__name__)
+
+KEY_COL = "__dedupe_key"
+SEEN_COL = "__seen"
+# Rows of a partition looked up together (one query per LOOKUP_CHUNK distinct keys).
+LOOKUP_ROWS = 200_000
+LOOKUP_CHUNK = 20_000
+
+DDL = """
+CREATE TABLE IF NOT EXISTS onceflow.dedupe_keys (
+    job text NOT NULL,
+    key text NOT NULL,
+    window_id bigint NOT NULL,
+    PRIMARY KEY (job, key)
+);
+CREATE TABLE IF NOT EXISTS onceflow.dedupe_windows (
+    job text NOT NULL,
+    window_id bigint NOT NULL,
+    keys bigint NOT NULL,
+    indexed_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (job, window_id)
+);
+"""
+
+
+def key_strings(batch: pa.RecordBatch, columns: Sequence[str]) -> pa.Array:
+    """The dedupe key of each row as text: the value itself for a one-column key, else a JSON
+    array of the values as text; null where a key column is null."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if len(columns) == 1:
+        return pc.cast(batch.column(columns[0]), pa.string())
+    parts = [pc.cast(batch.column(c), pa.string()).to_pylist() for c in columns]
+    return pa.array(
+        [None if None in row else json.dumps(list(row)) for row in zip(*parts, strict=True)],
+        pa.string(),
+    )
+
+
+@dataclass(frozen=True)
+class SeenLookup:
+    """A mapInArrow function adding KEY_COL (the dedupe key as text) and SEEN_COL (an earlier
+    window than `before` kept that key) to parsed rows; invalid rows (`_reason` set) are never
+    seen. Each partition asks the index once per LOOKUP_CHUNK distinct keys, again after a lost
+    connection (a read) until `retry_s` has passed."""
+
+    dsn: str
+    job: str
+    before: int
+    columns: tuple[str, ...]
+    retry_s: float
+    staged: tuple[str, ...] = ()  # key staging tables of earlier windows not yet indexed
+
+    #: The columns it adds, as DDL.
+    ADDED_DDL = f"{KEY_COL} STRING, {SEEN_COL} BOOLEAN"
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        held: list[pa.RecordBatch] = []
+        rows = 0
+        for batch in batches:
+            held.append(batch)
+            rows += batch.num_rows
+            if rows >= LOOKUP_ROWS:
+                yield from self._mark(held)
+                held, rows = [], 0
+        yield from self._mark(held)
+
+    def _mark(self, batches: list[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        keyed = []
+        for batch in batches:
+            keys = key_strings(batch, self.columns)
+            if REASON_COLUMN in batch.schema.names:
+                keys = pc.if_else(
+                    pc.is_null(batch.column(REASON_COLUMN)), keys, pa.scalar(None, pa.string())
+                )
+            keyed.append((batch, keys))
+        distinct = (
+            pc.unique(pa.chunked_array([k for _, k in keyed], pa.string())).drop_null()
+            if keyed
+            else pa.array([], pa.string())
+        )
+        seen = pa.array(self._seen(distinct), pa.string())
+        for batch, keys in keyed:
+            flags = pc.fill_null(pc.is_in(keys, value_set=seen), False)
+            yield pa.RecordBatch.from_arrays(
+                [*batch.columns, keys, flags],
+                schema=batch.schema.append(pa.field(KEY_COL, pa.string())).append(
+                    pa.field(SEEN_COL, pa.bool_())
+                ),
+            )
+
+    def _seen(self, keys: pa.Array) -> list[str]:
+        queries: list[tuple[sql.Composable, tuple[object, ...]]] = [
+            (
+                sql.SQL(
+                    "SELECT key FROM onceflow.dedupe_keys"
+                    " WHERE job = %s AND key = ANY(%s) AND window_id < %s"
+                ),
+                (self.job, None, self.before),
+            )
+        ]
+        for table in self.staged:
+            # A staging table has no index: join it with the keys (a hash join).
+            queries.append(
+                (
+                    sql.SQL(
+                        "SELECT DISTINCT s.{key} FROM {table} AS s"
+                        " JOIN unnest(%s::text[]) AS k(key) ON s.{key} = k.key"
+                    ).format(key=sql.Identifier(KEY_COL), table=sql.Identifier("onceflow", table)),
+                    (None,),
+                )
+            )
+        found: list[str] = []
+        for start in range(0, len(keys), LOOKUP_CHUNK):
+            chunk = keys.slice(start, LOOKUP_CHUNK).to_pylist()
+            delays = None
+            while True:
+                try:
+                    with psycopg.connect(
+                        self.dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S
+                    ) as conn:
+                        rows: set[str] = set()
+                        for query, params in queries:
+                            bound = tuple(chunk if p is None else p for p in params)
+                            rows.update(r[0] for r in conn.execute(query, bound))
+                    found += rows
+                    break
+                except Exception as exc:
+                    if not is_lost_connection(exc):
+                        raise
+                    delays = delays or retry_delays(self.retry_s)
+                    delay = delays()
+                    if delay is None:
+                        raise
+                    time.sleep(delay)
+        return found
+
+    def ddl(self, schema: str) -> str:
+        """`schema` (the parsed rows' DDL) with the added columns."""
+        return f"{schema}, {self.ADDED_DDL}"
+
+    def struct(self, schema: StructType) -> StructType:
+        """`schema` (the parsed rows' schema) with the added columns."""
+        from pyspark.sql.types import BooleanType, StringType, StructField, StructType
+
+        return StructType(
+            [
+                *schema.fields,
+                StructField(KEY_COL, StringType()),
+                StructField(SEEN_COL, BooleanType()),
+            ]
+        )
+
+
+def key_frame(df: DataFrame, columns: Sequence[str], window_col: str) -> DataFrame:
+    """KEY_COL and `window_id` (from `window_col`) of `df`'s rows with non-null keys."""
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        for batch in batches:
+            keys = key_strings(batch, columns)
+            out = pa.RecordBatch.from_arrays(
+                [keys, pc.cast(batch.column(window_col), pa.int64())],
+                names=[KEY_COL, "window_id"],
+            )
+            out = out.filter(pc.is_valid(keys))
+            if out.num_rows:
+                yield out
+
+    schema = StructType([StructField(KEY_COL, StringType()), StructField("window_id", LongType())])
+    return df.select(*columns, window_col).mapInArrow(run, schema)
+
+
+class KeyIndex:
+    """The dedupe key index of one job."""
+
+    def __init__(self, dsn: str, job: str, ledger: Ledger) -> None:
+        self._dsn = dsn
+        self.job = job
+        self.ledger = ledger
+
+    def ensure_schema(self, conn: psycopg.Connection) -> None:
+        # Concurrent CREATE ... IF NOT EXISTS can still collide on the catalog; serialise.
+        conn.execute("SELECT pg_advisory_xact_lock(hashtext('onceflow.schema'))")
+        conn.execute(DDL)
+
+    def lookup(self, key: Sequence[str], before: int, staged: Sequence[str] = ()) -> SeenLookup:
+        """The lookup that marks rows whose key a window before `before` kept; `staged` names
+        key staging tables of earlier windows whose keys are not in the index yet."""
+        return SeenLookup(
+            self._dsn, self.job, before, tuple(key), retry_deadline_s(), tuple(staged)
+        )
+
+    def missing(self, before: int) -> list[int]:
+        """Completed windows before `before` whose keys are not in the index (oldest first)."""
+        rows = self.ledger.read(
+            "read the windows the dedupe index lacks",
+            lambda conn: conn.execute(
+                "SELECT w.window_id FROM onceflow.windows w"
+                " WHERE w.job = %(job)s AND w.window_id < %(before)s"
+                "   AND w.completed_at IS NOT NULL"
+                "   AND w.window_id > (SELECT coalesce(max(d.window_id), 0)"
+                "                        FROM onceflow.dedupe_windows d WHERE d.job = %(job)s)"
+                " ORDER BY w.window_id",
+                {"job": self.job, "before": before},
+            ).fetchall(),
+        )
+        return [int(r[0]) for r in rows]
+
+    def staging_writer(self, output: str, window_id: int, app: str) -> CopyWriter:
+        """Create the window's key staging table; return the writer that fills it."""
+        digest = hashlib.sha1(f"{self.job}/{window_id}".encode()).hexdigest()[:20]
+        table = f"keys_{digest}"
+        ident = sql.Identifier("onceflow", table)
+
+        def create(conn: psycopg.Connection) -> None:
+            conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(ident))
+            conn.execute(
+                sql.SQL("CREATE UNLOGGED TABLE {} ({} text, window_id bigint)").format(
+                    ident, sql.Identifier(KEY_COL)
+                )
+            )
+
+        self.ledger.write(f"create window {window_id}'s key staging table", create)
+        return CopyWriter(f"{table}__keys", output, self._dsn, app, table, [KEY_COL, "window_id"])
+
+    def add(
+        self, conn: psycopg.Connection, staging: str, windows: Sequence[int], rows: int
+    ) -> bool:
+        """Inside `conn`'s transaction, move staged keys into the index and record `windows` as
+        indexed; False (nothing moved) if the staging table lost rows (a server restart)."""
+        ident = sql.Identifier("onceflow", staging)
+        row = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(ident)).fetchone()
+        if row is None or int(row[0]) != rows:
+            return False
+        # The first window that kept a key wins, whatever order windows are indexed in.
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO onceflow.dedupe_keys (job, key, window_id)"
+                " SELECT %s, {}, min(window_id) FROM {} GROUP BY 2"
+                " ON CONFLICT (job, key) DO UPDATE SET window_id = least("
+                " onceflow.dedupe_keys.window_id, EXCLUDED.window_id)"
+            ).format(sql.Identifier(KEY_COL), ident),
+            (self.job,),
+        )
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO onceflow.dedupe_windows (job, window_id, keys)"
+                " SELECT %s, w, (SELECT count(*) FROM {} WHERE window_id = w)"
+                " FROM unnest(%s::bigint[]) AS w ON CONFLICT (job, window_id) DO NOTHING"
+            ).format(ident),
+            (self.job, list(windows)),
+        )
+        return True
+
+    def drop_staging(self, staging: str) -> None:
+        try:
+            with connect(self._dsn, autocommit=True) as conn:
+                conn.execute(
+                    sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier("onceflow", staging))
+                )
+        except psycopg.Error as exc:  # litter is harmless; the next window's drop replaces it
+            if not is_lost_connection(exc):
+                raise

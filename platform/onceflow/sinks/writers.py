@@ -1,0 +1,121 @@
+"""Partition writers: what sinks write on the executors, all of a window in one Spark job.
+
+Each sink group says what it writes for a window as `PartitionWriter`s (a Delta group: Parquet
+files into its table; a PostgreSQL group: a COPY into a staging table per sink). `run_writers`
+feeds every partition of every output to the writers of that output in one pass and one Spark
+job, and brings back to the driver only each writer's small result per partition (file names,
+sizes, row counts) — never the rows.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping, Sequence
+from functools import reduce
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame
+
+_RESULT_SCHEMA = "writer STRING, result STRING"
+
+
+class PartitionHandle(ABC):
+    """One writer's work on one partition (made on the executor, never pickled)."""
+
+    @abstractmethod
+    def write(self, batch: pa.RecordBatch) -> None:
+        """Take the next non-empty batch of the partition."""
+
+    @abstractmethod
+    def close(self) -> dict[str, Any]:
+        """Finish the partition's write; return a small JSON-able result (always `rows`)."""
+
+
+class PartitionWriter(ABC):
+    """A picklable description of a write that every partition of one output takes part in.
+
+    Attributes:
+        key: Unique among the writers of one `run_writers` call; results come back under it.
+        output: The output (a transform output's name) whose rows it writes.
+    """
+
+    key: str
+    output: str
+
+    @abstractmethod
+    def open(self, partition: int) -> PartitionHandle:
+        """Start writing partition `partition` (called on the executor)."""
+
+    def columns(self, available: Sequence[str]) -> Sequence[str] | None:
+        """The columns it needs (None: all of them); every writer of an output gets the same
+        batches, so an output's frame is narrowed to what its writers need together."""
+        return None
+
+
+def _partition_function(writers: Sequence[PartitionWriter]) -> Any:
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import pyarrow as pa
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        partition = context.partitionId() if context is not None else 0
+        handles = [writer.open(partition) for writer in writers]
+        for batch in batches:
+            if batch.num_rows:
+                for handle in handles:
+                    handle.write(batch)
+        results = [json.dumps(handle.close()) for handle in handles]
+        yield pa.RecordBatch.from_pydict(
+            {"writer": [w.key for w in writers], "result": results},
+            schema=pa.schema([("writer", pa.string()), ("result", pa.string())]),
+        )
+
+    return run
+
+
+def run_writers(
+    outputs: Mapping[str, DataFrame],
+    writers: Sequence[PartitionWriter],
+    also: Sequence[DataFrame] = (),
+) -> dict[str, list[dict[str, Any]]]:
+    """Write every output with its writers in one Spark job.
+
+    Args:
+        outputs: The frames, by output name.
+        writers: The writers.
+        also: Frames of `(writer STRING, result STRING)` rows (JSON results) computed in the
+            same job, such as counts.
+
+    Returns:
+        For each writer's key, its results, one per partition of its output (and each `also`
+        row under its writer name).
+    """
+    keys = [w.key for w in writers]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"writer keys must be unique, got {keys}")
+    by_output: dict[str, list[PartitionWriter]] = {}
+    for writer in writers:
+        by_output.setdefault(writer.output, []).append(writer)
+    frames = []
+    for name, group in by_output.items():
+        df = outputs[name]
+        needed: list[str] = []
+        for writer in group:
+            wanted = writer.columns(df.columns)
+            needed += [c for c in (wanted if wanted is not None else df.columns) if c not in needed]
+        frames.append(df.select(*needed).mapInArrow(_partition_function(group), _RESULT_SCHEMA))
+    frames += list(also)
+    results: dict[str, list[dict[str, Any]]] = {key: [] for key in keys}
+    if not frames:
+        return results
+    for row in reduce(lambda a, b: a.unionAll(b), frames).collect():
+        results.setdefault(row["writer"], []).append(json.loads(row["result"]))
+    return results
+
+
+def rows_written(results: Sequence[Mapping[str, Any]]) -> int:
+    """The rows a writer wrote over all partitions."""
+    return sum(int(r.get("rows", 0)) for r in results)

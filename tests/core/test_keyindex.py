@@ -1,0 +1,109 @@
+"""The dedupe key index: what it holds, its rebuild from the state sink, its lookups."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from deltalake import DeltaTable
+
+from onceflow._keyindex import KEY_COL, SEEN_COL, KeyIndex, key_strings
+from onceflow.engine import build_engine
+from onceflow.generate import generate_payments
+from onceflow.jobs.payments import PAYMENTS
+from onceflow.ledger import Ledger
+from onceflow.settings import Settings
+from tests.support.oracle import expected_outputs
+from tests.support.outputs import actual_outputs, assert_exact
+
+
+def index_rows(dsn: str) -> dict[str, int]:
+    with psycopg.connect(dsn) as conn:
+        return dict(
+            conn.execute(
+                "SELECT key, window_id FROM onceflow.dedupe_keys WHERE job = 'payments'"
+            ).fetchall()
+        )
+
+
+def delta_keys(lake: Path) -> dict[str, int]:
+    table = DeltaTable(str(lake / "payments")).to_pyarrow_table(
+        columns=["payment_id", "_window_id"]
+    )
+    return dict(zip(table["payment_id"].to_pylist(), table["_window_id"].to_pylist(), strict=True))
+
+
+def test_the_index_holds_every_kept_key_with_its_window_and_survives_its_loss(
+    spark: Any, pg_dsn: str, lake: Path, landing: Path, tmp_path: Path
+) -> None:
+    settings = Settings(home=tmp_path / "home", postgres_dsn=pg_dsn, lake=lake, landing=landing)
+    engine = build_engine(PAYMENTS, settings, spark, pg_dsn)
+    generate_payments(landing, records=900, files=3, duplicate_rate=0.2, invalid_rate=0.05, seed=4)
+    engine.run(max_units_per_window=1)
+    assert index_rows(pg_dsn) == delta_keys(lake)
+    assert len(index_rows(pg_dsn)) > 0
+
+    # The index lost (an older ledger, a restored database): the next window is still
+    # deduplicated against every earlier one, its keys put back from the Delta state first.
+    with psycopg.connect(pg_dsn) as conn:
+        conn.execute("DELETE FROM onceflow.dedupe_keys")
+        conn.execute("DELETE FROM onceflow.dedupe_windows")
+    # Same seed: the same payment ids again, with other fields; all duplicates.
+    generate_payments(landing, records=300, files=2, duplicate_rate=0.1, invalid_rate=0.05, seed=4)
+    result = engine.run(max_units_per_window=1)
+    assert [w.window_id for w in result.windows] == [4, 5]
+    assert sum(w.stats["duplicates"] for w in result.windows) > 0
+    assert_exact(expected_outputs(landing), actual_outputs(pg_dsn, lake))
+    assert index_rows(pg_dsn) == delta_keys(lake)
+    with psycopg.connect(pg_dsn) as conn:
+        indexed = [r[0] for r in conn.execute("SELECT window_id FROM onceflow.dedupe_windows")]
+    assert sorted(indexed) == [1, 2, 3, 4, 5]
+
+
+def test_a_lookup_sees_the_index_before_the_window_and_staged_keys(
+    spark: Any, pg_dsn: str, tmp_path: Path
+) -> None:
+    ledger = Ledger(pg_dsn, "payments")
+    ledger.ensure_schema()
+    index = KeyIndex(pg_dsn, "payments", ledger)
+    ledger.write("index", index.ensure_schema)
+    with psycopg.connect(pg_dsn) as conn:
+        conn.execute(
+            "INSERT INTO onceflow.dedupe_keys (job, key, window_id) VALUES"
+            " ('payments', 'a', 1), ('payments', 'b', 3), ('other', 'c', 1)"
+        )
+    staged = index.staging_writer("keys", 3, "test")
+    with psycopg.connect(pg_dsn) as conn:
+        conn.execute(
+            f'INSERT INTO onceflow."{staged.table}" ("{KEY_COL}", window_id) VALUES (%s, 3)',
+            ("d",),
+        )
+    rows = spark.createDataFrame(
+        [(k, None) for k in "abcde"] + [("a", "bad line")], "payment_id STRING, _reason STRING"
+    )
+    lookup = index.lookup(("payment_id",), 3, [staged.table])
+    marked = {
+        (r["payment_id"], r["_reason"]): r[SEEN_COL]
+        for r in rows.mapInArrow(lookup, lookup.struct(rows.schema)).collect()
+    }
+    # a: window 1 < 3. b: window 3 itself (a replay of it), not before. c: another job's.
+    # d: staged by window 3's predecessor. An invalid line is never an occurrence.
+    assert marked == {
+        ("a", None): True,
+        ("b", None): False,
+        ("c", None): False,
+        ("d", None): True,
+        ("e", None): False,
+        ("a", "bad line"): False,
+    }
+    index.drop_staging(staged.table)
+
+
+def test_key_text_of_one_and_of_several_columns() -> None:
+    import pyarrow as pa
+
+    batch = pa.RecordBatch.from_pydict({"a": ["x", None, "z"], "b": [1, 2, None]})
+    assert key_strings(batch, ["a"]).to_pylist() == ["x", None, "z"]
+    assert key_strings(batch, ["b"]).to_pylist() == ["1", "2", None]
+    assert key_strings(batch, ["a", "b"]).to_pylist() == ['["x", "1"]', None, None]
