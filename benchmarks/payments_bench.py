@@ -25,8 +25,7 @@ from typing import Any
 
 import psutil
 import psycopg
-from peer_pipeline import COLUMNS, run_peer
-from psycopg import sql
+from peer_pipeline import COLUMNS, fresh_database, run_peer
 
 PAYMENT_DDL = """
 CREATE TABLE payments_copy (
@@ -96,15 +95,6 @@ def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     rank = max(1, min(len(ordered), math.ceil(q / 100 * len(ordered))))
     return ordered[rank - 1]
-
-
-def fresh_database(server_dsn: str, prefix: str) -> str:
-    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(server_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    info = psycopg.conninfo.conninfo_to_dict(server_dsn)
-    info["dbname"] = name
-    return psycopg.conninfo.make_conninfo(**info)
 
 
 def run_engine(
