@@ -5,7 +5,7 @@ Reading the dedupe state sink for that costs the whole history per window; the i
 with primary-key lookups instead, so a window's cost does not grow with history.
 
 - `onceflow.dedupe_keys (job, key, window_id)`: primary key `(job, key)`; `key` is the dedupe
-  key as text (`key_text`), `window_id` the first window that kept it.
+  key as text (`key_strings`), `window_id` the first window that kept it.
 - `onceflow.dedupe_windows (job, window_id, keys)`: the windows whose keys are in the index.
 
 A window's keys are staged by the executors during its sink write and enter the index in the
