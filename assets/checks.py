@@ -7,13 +7,11 @@ from collections.abc import Iterator, Sequence
 from dagster import (
     AssetCheckExecutionContext,
     AssetCheckResult,
+    AssetChecksDefinition,
     AssetCheckSpec,
     AssetKey,
     MetadataValue,
     multi_asset_check,
-)
-from dagster._core.definitions.asset_checks.asset_checks_definition import (
-    AssetChecksDefinition,
 )
 
 from onceflow.engine import build_engine

@@ -8,6 +8,7 @@ from typing import Any, NamedTuple
 from dagster import (
     AssetCheckKey,
     AssetCheckResult,
+    AssetChecksDefinition,
     AssetCheckSeverity,
     AssetCheckSpec,
     AssetExecutionContext,
@@ -24,23 +25,36 @@ from dagster import (
     SensorDefinition,
     asset,
     define_asset_job,
+    in_process_executor,
     multi_asset,
     observable_source_asset,
 )
-from dagster._core.definitions.asset_checks.asset_checks_definition import (
-    AssetChecksDefinition,
-)
 
+from assets.catalog import (
+    LINEAGE_WINDOWS,
+    definition_metadata,
+    freshness_policy,
+    lineage_table,
+    table_metadata,
+)
 from assets.checks import CHECK_NAME, build_freshness_checks, build_quality_checks
 from assets.config import RecoveryConfig, WindowRunConfig
-from assets.runs import at_boundary, open_items_metadata, run_windows, sink_metadata
+from assets.runs import (
+    TRANSIENT_RETRY_POLICY,
+    at_boundary,
+    open_items_metadata,
+    run_windows,
+    sink_metadata,
+)
 from onceflow.engine import Engine, build_engine
 from onceflow.job import Job
+from onceflow.lineage import lineage
 from onceflow.windows import format_windows
 from resources import OnceflowSettingsResource, PostgresResource, SparkResource
 from resources._annotations import typed
 from sensors import build_failure_sensor, build_new_data_sensor, build_reconcile_schedule
 from sensors.failure import JOB_TAG, KIND_TAG
+from sensors.observation import source_observation
 from sensors.quality import build_quality_sensor
 
 
@@ -95,7 +109,8 @@ def build_job_assets(job: Job, upstream: Mapping[str, AssetKey] | None = None) -
     table = job.source.lake_table
     parent = (upstream or {}).get(table) if table is not None else None
     source = None if parent is not None else _source_asset(job)
-    sinks = _sink_assets(job, parent or source_key(job))
+    observed = source_key(job) if source is not None else None
+    sinks = _sink_assets(job, parent or source_key(job), observed)
     recovery = _recovery_asset(job, sinks)
     tags = {JOB_TAG: job.name}
     run_job = define_asset_job(
@@ -103,6 +118,10 @@ def build_job_assets(job: Job, upstream: Mapping[str, AssetKey] | None = None) -
         selection=[spec.key for spec in sinks.specs],
         tags={**tags, KIND_TAG: "run"},
         description=f"Runs {job.name}: new data, or a backfill/restatement of chosen windows.",
+        # The engine step and the checks after it run in the run worker: no process to start
+        # per step (seconds of imports each), and the checks reuse the step's Spark session.
+        # Nothing is lost by sharing a process: a killed run is replayed like any crash.
+        executor_def=in_process_executor,
     )
     freshness = build_freshness_checks(job, [spec.key for spec in sinks.specs])
     recovery_job = define_asset_job(
@@ -123,7 +142,7 @@ def build_job_assets(job: Job, upstream: Mapping[str, AssetKey] | None = None) -
             *freshness,
         ],
         sensors=[
-            build_new_data_sensor(job, run_job, tags),
+            build_new_data_sensor(job, run_job, tags, observe=observed),
             build_failure_sensor(job, recovery_job),
             build_quality_sensor(
                 job,
@@ -154,7 +173,10 @@ def _source_asset(job: Job) -> Any:
     return _observe
 
 
-def _sink_assets(job: Job, upstream: AssetKey) -> AssetsDefinition:
+def _sink_assets(job: Job, upstream: AssetKey, observed: AssetKey | None) -> AssetsDefinition:
+    """The sink assets, materialised by one engine run. `observed`: the job's source asset,
+    observed at the start of every run, so the data version each materialisation consumed is
+    recorded against the input it could see."""
     specs = [
         AssetSpec(
             key=sink_key(sink.name),
@@ -162,10 +184,47 @@ def _sink_assets(job: Job, upstream: AssetKey) -> AssetsDefinition:
             group_name=job.name,
             kinds={sink.kind},
             description=f"{sink.describe()}: {job.name} output `{sink.output}`.",
-            metadata={"onceflow/job": job.name, "onceflow/sink": sink.name},
+            metadata={
+                "onceflow/job": job.name,
+                "onceflow/sink": sink.name,
+                **definition_metadata(sink),
+            },
+            freshness_policy=freshness_policy(job),
         )
         for sink in job.sinks
     ]
+
+    def materialize_all(
+        context: AssetExecutionContext,
+        config: WindowRunConfig,
+        spark: SparkResource,
+        postgres: PostgresResource,
+        onceflow: OnceflowSettingsResource,
+    ) -> list[MaterializeResult]:
+        engine = make_engine(job, spark, postgres, onceflow)
+        if observed is not None:
+            context.log_event(source_observation(job, observed, engine.settings))
+        request = context.dagster_run.root_run_id or context.run_id
+        report = run_windows(engine, config, context.run_id, request, context.log)
+        items = open_items_metadata(engine)
+        recent = lineage(engine.dsn, job.name, limit=LINEAGE_WINDOWS)
+        results = []
+        for sink in job.sinks:
+            group = engine.group_of[sink.name]
+            version = group.data_version(sink.name)
+            results.append(
+                MaterializeResult(
+                    asset_key=sink_key(sink.name),
+                    metadata={
+                        **sink_metadata(report, sink.name, version),
+                        **items,
+                        **table_metadata(group.table_facts(sink.name)),
+                        "lineage": lineage_table(recent, sink),
+                    },
+                    data_version=DataVersion(str(version)) if version is not None else None,
+                )
+            )
+        return results
 
     @multi_asset(
         name=f"{job.name}_run",
@@ -174,6 +233,7 @@ def _sink_assets(job: Job, upstream: AssetKey) -> AssetsDefinition:
         description=job.description or f"One run of the onceflow job {job.name}.",
         op_tags={JOB_TAG: job.name},
         pool=pool_name(job),
+        retry_policy=TRANSIENT_RETRY_POLICY,
     )
     @typed
     def _run(
@@ -183,17 +243,8 @@ def _sink_assets(job: Job, upstream: AssetKey) -> AssetsDefinition:
         postgres: PostgresResource,
         onceflow: OnceflowSettingsResource,
     ) -> Iterator[MaterializeResult]:
-        engine = make_engine(job, spark, postgres, onceflow)
-        request = context.dagster_run.root_run_id or context.run_id
-        report = at_boundary(run_windows)(engine, config, context.run_id, request, context.log)
-        items = open_items_metadata(engine)
-        for sink in job.sinks:
-            version = engine.group_of[sink.name].data_version(sink.name)
-            yield MaterializeResult(
-                asset_key=sink_key(sink.name),
-                metadata={**sink_metadata(report, sink.name, version), **items},
-                data_version=DataVersion(str(version)) if version is not None else None,
-            )
+        # One boundary around the whole step: only errors the core marks transient are retried.
+        yield from at_boundary(materialize_all)(context, config, spark, postgres, onceflow)
 
     return _run
 
@@ -201,22 +252,7 @@ def _sink_assets(job: Job, upstream: AssetKey) -> AssetsDefinition:
 def _recovery_asset(job: Job, sinks: AssetsDefinition) -> AssetsDefinition:
     key = AssetKey(f"{job.name}_recovery")
 
-    @asset(
-        key=key,
-        deps=[spec.key for spec in sinks.specs],
-        group_name=job.name,
-        kinds={"spark"},
-        description=(
-            f"Recovery of {job.name}: replays pending windows, commits input no window has "
-            "planned yet, verifies that every sink holds every window, and reconciles the sinks "
-            "with what they should hold."
-        ),
-        check_specs=[AssetCheckSpec("all_windows_committed", asset=key)],
-        op_tags={JOB_TAG: job.name},
-        pool=pool_name(job),
-    )
-    @typed
-    def _recover(
+    def recover(
         context: AssetExecutionContext,
         config: RecoveryConfig,
         spark: SparkResource,
@@ -226,7 +262,7 @@ def _recovery_asset(job: Job, sinks: AssetsDefinition) -> AssetsDefinition:
         engine = make_engine(job, spark, postgres, onceflow)
         # Pending windows first, then input no window has planned yet (a run that died before
         # planning it left it there): nothing visible is left behind.
-        recovered = at_boundary(engine.recover)(context.run_id)
+        recovered = engine.recover(context.run_id)
         for sink, ids in recovered.restored.items():
             context.log.warning(
                 f"{sink} had lost committed windows {format_windows(ids)}; replayed"
@@ -269,6 +305,31 @@ def _recovery_asset(job: Job, sinks: AssetsDefinition) -> AssetsDefinition:
             ],
         )
 
+    @asset(
+        key=key,
+        deps=[spec.key for spec in sinks.specs],
+        group_name=job.name,
+        kinds={"spark"},
+        description=(
+            f"Recovery of {job.name}: replays pending windows, commits input no window has "
+            "planned yet, verifies that every sink holds every window, and reconciles the sinks "
+            "with what they should hold."
+        ),
+        check_specs=[AssetCheckSpec("all_windows_committed", asset=key)],
+        op_tags={JOB_TAG: job.name},
+        pool=pool_name(job),
+        retry_policy=TRANSIENT_RETRY_POLICY,
+    )
+    @typed
+    def _recover(
+        context: AssetExecutionContext,
+        config: RecoveryConfig,
+        spark: SparkResource,
+        postgres: PostgresResource,
+        onceflow: OnceflowSettingsResource,
+    ) -> MaterializeResult:
+        return at_boundary(recover)(context, config, spark, postgres, onceflow)
+
     return _recover
 
 
@@ -279,7 +340,7 @@ def _reconcile(
         return {"reconcile": MetadataValue.text("off")}
     from onceflow.reconcile import reconcile
 
-    report = at_boundary(reconcile)(engine, dry_run=config.dry_run, mode=config.reconcile)
+    report = reconcile(engine, dry_run=config.dry_run, mode=config.reconcile)
     metadata: dict[str, Any] = {
         "reconcile": MetadataValue.text(
             config.reconcile + (" (dry run)" if config.dry_run else "")

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from dagster import Failure, MetadataValue, RetryRequested
+from dagster import Backoff, Failure, Jitter, MetadataValue, RetryPolicy, RetryRequested
 
 from assets.config import WindowRunConfig
 from onceflow.engine import Engine, WindowResult
@@ -19,31 +19,45 @@ from onceflow.windows import format_windows, parse_windows
 
 # Offsets of at most this many windows go into one materialisation's metadata.
 MAX_OFFSETS_IN_METADATA = 50
-# How often a step retries an error the core marks transient, and how long it waits.
-TRANSIENT_RETRIES = 3
-TRANSIENT_WAIT_S = 5
+# A step that fails with an error the core marks transient (`retryable`) is tried again up to
+# 3 times, after about 3, 9 and 21 s (Dagster's exponential backoff, (2^n - 1) x delay), each
+# ±3 s so the retries of several jobs spread out.
+TRANSIENT_RETRY_POLICY = RetryPolicy(
+    max_retries=3, delay=3, backoff=Backoff.EXPONENTIAL, jitter=Jitter.PLUS_MINUS
+)
 
 T = TypeVar("T")
 
 
 def at_boundary(fn: Callable[..., T]) -> Callable[..., T]:
-    """Turn onceflow errors into Dagster's: retry what the core marks transient (`retryable`),
-    fail the rest at once with the error's message (credentials redacted)."""
+    """Turn errors into Dagster's: retry only what the core marks transient (`retryable`),
+    by the step's retry policy (`TRANSIENT_RETRY_POLICY`, exponential backoff); fail anything
+    else at once with its message (credentials redacted), and never retry it at the step
+    (a run retry, from the instance's `run_retries`, still may).
+
+    A step whose op has a retry policy retries every exception except a `Failure` with
+    `allow_retries=False`, so every other error is turned into one here.
+    """
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> T:
         try:
             return fn(*args, **kwargs)
+        except (Failure, RetryRequested):
+            raise
         except OnceflowError as exc:
-            if exc.retryable:
-                raise RetryRequested(
-                    max_retries=TRANSIENT_RETRIES, seconds_to_wait=TRANSIENT_WAIT_S
-                ) from exc
             raise Failure(
                 description=redact(exc.message),
-                metadata={"error": type(exc).__name__},
+                metadata={"error": type(exc).__name__, "retryable": exc.retryable},
+                allow_retries=exc.retryable,
+            ) from (exc if exc.retryable else None)
+        except Exception as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise Failure(
+                description=f"unexpected {type(exc).__name__}: {redact(first)[:500]}",
+                metadata={"error": type(exc).__name__, "retryable": False},
                 allow_retries=False,
-            ) from None
+            ) from exc
 
     return wrapper
 

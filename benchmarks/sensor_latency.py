@@ -149,6 +149,17 @@ class DagsterDev:
 
         wait_for("dagster dev and the code location", loaded, 240, 1)
 
+    def stop_sensor(self, name: str) -> None:
+        state = self.graphql(
+            "query($name: String!) { sensorOrError(sensorSelector: {"
+            + _SELECTOR
+            + ", sensorName: $name}) { ... on Sensor { sensorState { id } } } }",
+            name=name,
+        )["sensorOrError"]["sensorState"]
+        self.graphql(
+            "mutation($id: String) { stopSensor(id: $id) { __typename } }", id=state["id"]
+        )
+
     def stop_schedule(self, name: str) -> None:
         state = self.graphql(_SCHEDULE, name=name)["scheduleOrError"]["scheduleState"]
         self.graphql(
@@ -283,9 +294,11 @@ def report(samples: list[Sample], warmup: Sample, args: argparse.Namespace) -> N
         )
 
     pace = "after the previous run ended" if args.wait_run_end else "once the previous was visible"
+    spark = "Spark Connect server" if args.spark_server else "a Spark JVM per run step"
     print(
         f"\nnew file (500 payments) -> rows in every sink: {len(samples)} files, each dropped "
-        f"{pace}; new-data sensor interval {args.sensor_interval}s; {os.cpu_count()} cores"
+        f"{pace}; new-data sensor interval {args.sensor_interval}s; {spark}; "
+        f"{os.cpu_count()} cores"
     )
     print(line("total: rename -> in every sink", [s.total for s in samples]))
     print(line("  sensor pickup (run queued)", [s.pickup for s in samples]))
@@ -315,12 +328,23 @@ def main(argv: list[str] | None = None) -> int:
         help="drop each file after the previous run ended (its checks too), not once visible",
     )
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
+    parser.add_argument(
+        "--with-downstream",
+        action="store_true",
+        help="keep daily_totals' new-data sensor on (it runs after every payments window)",
+    )
+    parser.add_argument(
+        "--spark-server",
+        action="store_true",
+        help="attach the runs to a Spark Connect server (`onceflow spark-server`), as make dev does",
+    )
     args = parser.parse_args(argv)
 
     work = Path(tempfile.mkdtemp(prefix="onceflow-latency-"))
     work.chmod(0o755)  # the embedded server runs as another user when we are root
     dev: DagsterDev | None = None
     server: Any = None
+    spark_server: Any = None
     try:
         server_dsn = args.dsn
         if not server_dsn:
@@ -345,11 +369,23 @@ def main(argv: list[str] | None = None) -> int:
             "GX_ANALYTICS_ENABLED": "false",
             "DAGSTER_DISABLE_TELEMETRY": "1",
         }
+        if args.spark_server:
+            from onceflow.spark_server import SparkServer, SparkServerConfig, free_port
+
+            spark_env = {**os.environ, "PYTHONPATH": str(ROOT)}
+            config = SparkServerConfig(port=free_port())
+            spark_server = SparkServer(config, work / "spark_server.log", spark_env).start()
+            env["ONCEFLOW_SPARK_REMOTE"] = spark_server.url
         print(f"work folder {work}; dagster dev log {work / 'dagster_dev.log'}", file=sys.stderr)
         dev = DagsterDev(env, work / "dagster_dev.log")
         dev.wait_ready()
         # The hourly reconcile would queue a recovery run in the middle of some sample.
         dev.stop_schedule(f"{JOB}_reconcile_schedule")
+        if not args.with_downstream:
+            # daily_totals follows every payments window with a run of its own: on 2 cores that
+            # is load on the subject, not the subject.
+            dev.stop_sensor("daily_totals_new_data_sensor")
+            dev.stop_schedule("daily_totals_reconcile_schedule")
         sinks = Sinks(dsn, lake)
         print("warm-up file ...", file=sys.stderr)
         samples = []
@@ -367,6 +403,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if dev is not None:
             dev.close()
+        if spark_server is not None:
+            spark_server.stop()
         if server is not None:
             server.cleanup()
         if not args.keep:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from dagster import InitResourceContext
@@ -18,7 +19,9 @@ class SparkResource(PySparkResource):
     Attributes:
         spark_config: Extra Spark settings, applied after onceflow's defaults.
         master: A `spark.master` URL; `local[2]` when empty and `remote` is empty.
-        remote: A Spark Connect URL (`sc://host:15002`); takes precedence over `master`.
+        remote: A Spark Connect URL (`sc://host:15002`, see `onceflow spark-server`); takes
+            precedence over `master`. Empty: `ONCEFLOW_SPARK_REMOTE`, then `ONCEFLOW_SPARK_MASTER`
+            from the run's environment, so `make dev` attaches every run to its one server.
         app_name: The Spark application name.
         reuse_active: Use the process's active session when there is one.
     """
@@ -43,8 +46,8 @@ class SparkResource(PySparkResource):
         from onceflow.spark import build_spark_session
 
         self._spark_session = build_spark_session(
-            master=self.master or None,
-            remote=self.remote or None,
+            master=self.master or os.environ.get("ONCEFLOW_SPARK_MASTER") or None,
+            remote=self.remote or os.environ.get("ONCEFLOW_SPARK_REMOTE") or None,
             app_name=self.app_name,
             conf={key: str(value) for key, value in self.spark_config.items()},
         )

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs everything onceflow needs on a fresh machine: Java for Spark, a virtualenv with the
-# project and its dev tools. Safe to run again; it only does what is missing.
+# Installs everything onceflow needs on a fresh machine: Java for Spark, Chromium for the browser
+# test of the UI, a virtualenv with the project and its dev tools. Safe to run again; it only
+# does what is missing.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 venv="$root/.venv"
@@ -10,29 +11,51 @@ java_major() {
     java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -n 1
 }
 
+# apt_install WHAT PACKAGE...: install Debian packages (as root; without recommends). The package
+# lists are refreshed only when needed: when apt knows no candidate for a package (lists never
+# fetched, e.g. a fresh container) or when the install fails (lists too old for the mirror).
+apt_install() {
+    local what=$1
+    shift
+    if [ "$(id -u)" -ne 0 ]; then
+        echo "bootstrap: need root to install $what; run: sudo apt-get install --no-install-recommends $*" >&2
+        exit 1
+    fi
+    if ! command -v apt-get >/dev/null 2>&1; then
+        echo "bootstrap: no apt-get here; install $what ($*) with your package manager" >&2
+        exit 1
+    fi
+    export DEBIAN_FRONTEND=noninteractive
+    local pkg updated=0
+    for pkg in "$@"; do
+        if ! apt-cache policy "$pkg" 2>/dev/null | grep -q 'Candidate: [^(]'; then
+            apt-get update -qq
+            updated=1
+            break
+        fi
+    done
+    if apt-get install -y -qq --no-install-recommends "$@" >/dev/null; then
+        return 0
+    fi
+    if [ "$updated" = 0 ]; then
+        apt-get update -qq
+        apt-get install -y -qq --no-install-recommends "$@" >/dev/null && return 0
+    fi
+    echo "bootstrap: could not install $what ($*); see apt-get's errors above" >&2
+    exit 1
+}
+
 major=$(command -v java >/dev/null 2>&1 && java_major || true)
 if [ -z "$major" ] || [ "$major" -lt 17 ]; then
     echo "bootstrap: Java 17+ not found; installing openjdk-17-jre-headless" >&2
-    if [ "$(id -u)" -ne 0 ]; then
-        echo "bootstrap: need root to install Java; run: sudo apt-get install openjdk-17-jre-headless" >&2
-        exit 1
-    fi
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq openjdk-17-jre-headless >/dev/null
+    apt_install "Java" openjdk-17-jre-headless
 fi
 
-# Chromium for the browser tests (tests/dagster/test_ui_browser.py), only when asked for:
-# `make test-all` sets ONCEFLOW_WITH_BROWSER=1.
-if [ "${ONCEFLOW_WITH_BROWSER:-0}" = "1" ] && ! command -v chromium >/dev/null 2>&1; then
-    echo "bootstrap: chromium not found; installing it for the browser tests" >&2
-    if [ "$(id -u)" -ne 0 ]; then
-        echo "bootstrap: need root to install chromium; run: sudo apt-get install chromium" >&2
-        exit 1
-    fi
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq chromium >/dev/null
+# Chromium for the browser test of the Dagster UI (tests/dagster/test_ui_browser.py), which
+# `make test` (and so CI) runs. Debian's package; nothing is done when it is already there.
+if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
+    echo "bootstrap: chromium not found; installing it for the browser test" >&2
+    apt_install "chromium (for the browser test)" chromium
 fi
 
 stamp="$venv/.onceflow-installed"

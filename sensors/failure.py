@@ -13,7 +13,6 @@ from datetime import datetime, timedelta, timezone
 from dagster import (
     DagsterRunStatus,
     DefaultSensorStatus,
-    JobDefinition,
     RunRequest,
     RunsFilter,
     SensorDefinition,
@@ -22,10 +21,10 @@ from dagster import (
     SkipReason,
     sensor,
 )
-from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
 from onceflow.job import Job
 from resources._annotations import typed
+from sensors._target import RunTarget
 
 JOB_TAG = "onceflow/job"
 KIND_TAG = "onceflow/kind"
@@ -54,7 +53,7 @@ def _utc(moment: datetime) -> datetime:
 
 def build_failure_sensor(
     job: Job,
-    recovery: JobDefinition | UnresolvedAssetJobDefinition,
+    recovery: RunTarget,
     *,
     interval_s: int = 30,
 ) -> SensorDefinition:

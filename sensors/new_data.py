@@ -7,9 +7,10 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta, timezone
 
 from dagster import (
+    AssetKey,
+    AssetObservation,
     DagsterRunStatus,
     DefaultSensorStatus,
-    JobDefinition,
     RunRequest,
     RunsFilter,
     SensorDefinition,
@@ -18,13 +19,15 @@ from dagster import (
     SkipReason,
     sensor,
 )
-from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
 from onceflow.job import Job
+from onceflow.status import PendingWork, pending_work
 from resources._annotations import typed
 from resources.postgres import PostgresResource
 from resources.settings import OnceflowSettingsResource
+from sensors._target import RunTarget
 from sensors.failure import JOB_TAG, WILL_RETRY_TAG
+from sensors.observation import observed_version, source_observation
 
 INTERVAL_ENV = "ONCEFLOW_SENSOR_INTERVAL_S"
 # Runs that will still take a job's pending work.
@@ -54,12 +57,16 @@ def default_interval_s() -> int:
 
 def build_new_data_sensor(
     job: Job,
-    target: JobDefinition | UnresolvedAssetJobDefinition,
+    target: RunTarget,
     tags: Mapping[str, str],
     *,
     interval_s: int | None = None,
+    observe: AssetKey | None = None,
 ) -> SensorDefinition:
-    """A sensor requesting a run of `target` while the job has work the ledger has not done.
+    """A sensor requesting a run of `target` while the job has work the ledger has not done,
+    and observing the job's source asset `observe` (when given) whenever its data version
+    changed since the last tick (the version is kept in the cursor): a run-less observation,
+    so the UI's staleness follows the source within one tick, with or without a run.
 
     The trigger is derived from the ledger (`onceflow.status.pending_work`): input no window
     has planned, or planned windows some sink does not hold. It is not a cursor over what a
@@ -83,40 +90,54 @@ def build_new_data_sensor(
         postgres: PostgresResource,
     ) -> SensorResult | SkipReason:
         from onceflow.engine import build_engine
-        from onceflow.status import pending_work
 
         settings = onceflow.settings()
+        events: list[AssetObservation] = []
+        cursor = context.cursor
+        if observe is not None:
+            seen = source_observation(job, observe, settings)
+            if observed_version(seen) != context.cursor:
+                events, cursor = [seen], observed_version(seen)
         engine = build_engine(job, settings, None, postgres.resolve(settings.home))
-        work = pending_work(engine)
-        if not work.any:
-            return SkipReason(f"{job.name}: no unplanned input and no pending window")
-        busy = context.instance.get_run_records(
-            RunsFilter(tags={JOB_TAG: job.name}, statuses=IN_FLIGHT), limit=1
-        )
-        if busy:
-            return SkipReason(
-                f"{job.name}: run {busy[0].dagster_run.run_id} is queued or running; it takes "
-                "the pending work"
-            )
-        retrying = _awaiting_retry(context, job)
-        if retrying:
-            return SkipReason(
-                f"{job.name}: run {retrying} failed and Dagster is about to retry it; the retry "
-                "takes the pending work"
-            )
+        request, reason = _decide(context, job, tags, pending_work(engine))
         return SensorResult(
-            run_requests=[
-                RunRequest(
-                    tags={
-                        **tags,
-                        "onceflow/unplanned_units": str(work.unplanned),
-                        "onceflow/pending_windows": str(len(work.pending_windows)),
-                    },
-                )
-            ]
+            run_requests=[request] if request is not None else None,
+            skip_reason=reason,
+            cursor=cursor,
+            asset_events=events,
         )
 
     return _new_data
+
+
+def _decide(
+    context: SensorEvaluationContext, job: Job, tags: Mapping[str, str], work: PendingWork
+) -> tuple[RunRequest | None, str | None]:
+    """The run to request for the job's pending `work`, or why none."""
+    if not work.any:
+        return None, f"{job.name}: no unplanned input and no pending window"
+    busy = context.instance.get_run_records(
+        RunsFilter(tags={JOB_TAG: job.name}, statuses=IN_FLIGHT), limit=1
+    )
+    if busy:
+        return None, (
+            f"{job.name}: run {busy[0].dagster_run.run_id} is queued or running; it takes "
+            "the pending work"
+        )
+    retrying = _awaiting_retry(context, job)
+    if retrying:
+        return None, (
+            f"{job.name}: run {retrying} failed and Dagster is about to retry it; the retry "
+            "takes the pending work"
+        )
+    request = RunRequest(
+        tags={
+            **tags,
+            "onceflow/unplanned_units": str(work.unplanned),
+            "onceflow/pending_windows": str(len(work.pending_windows)),
+        },
+    )
+    return request, None
 
 
 def _awaiting_retry(context: SensorEvaluationContext, job: Job) -> str | None:

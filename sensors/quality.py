@@ -2,7 +2,9 @@
 
 It reads the asset check executions (`get_asset_check_execution_history`), which every event
 log storage indexes, SQLite's run-sharded one included; `get_event_records` with a storage-id
-cursor refuses check evaluations there.
+cursor refuses check evaluations there. Executions are read once per key and tick, all
+statuses together, and sorted by status name here: the status enum lives in `dagster._core`,
+which this layer does not import.
 """
 
 from __future__ import annotations
@@ -10,13 +12,13 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from dagster import (
     AssetCheckKey,
     DagsterEventType,
     DagsterInstance,
     DefaultSensorStatus,
-    JobDefinition,
     RunRequest,
     SensorDefinition,
     SensorEvaluationContext,
@@ -24,15 +26,10 @@ from dagster import (
     SkipReason,
     sensor,
 )
-from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
-from dagster._core.storage.asset_check_execution_record import (
-    AssetCheckExecutionRecord,
-    AssetCheckExecutionRecordStatus,
-)
-from dagster._core.storage.tags import ROOT_RUN_ID_TAG
 
 from onceflow.job import Job
 from resources._annotations import typed
+from sensors._target import RunTarget
 from sensors.failure import KIND_TAG
 
 TRIGGER_TAG = "onceflow/trigger"
@@ -41,9 +38,11 @@ FAILED_CHECKS_TAG = "onceflow/failed_checks"
 # Executions read per check and page; a tick pages on until it reaches its cursor.
 PAGE = 100
 MAX_EXECUTIONS_PER_TICK = 1000
-_FAILED = AssetCheckExecutionRecordStatus.FAILED
-_PLANNED = AssetCheckExecutionRecordStatus.PLANNED
-_SUCCEEDED = AssetCheckExecutionRecordStatus.SUCCEEDED
+# Names of Dagster's check execution statuses, and its retry-chain tag.
+_FAILED = "FAILED"
+_PLANNED = "PLANNED"
+_SUCCEEDED = "SUCCEEDED"
+ROOT_RUN_ID_TAG = "dagster/root_run_id"
 # Retry chains already given a recovery, remembered so a retry's failure does not add another.
 REMEMBERED_CHAINS = 100
 
@@ -81,21 +80,21 @@ class _Cursor:
 def _history(
     instance: DagsterInstance,
     key: AssetCheckKey,
-    status: AssetCheckExecutionRecordStatus,
     after: int,
     limit: int = MAX_EXECUTIONS_PER_TICK,
-) -> list[AssetCheckExecutionRecord]:
-    """The newest `limit` executions of `key` with `status` and id > `after`, newest first.
+) -> list[Any]:
+    """The newest `limit` executions of `key` with id > `after`, newest first, any status
+    (`record.status.value`: PLANNED, SUCCEEDED, FAILED, …).
 
-    Older failures past the limit are passed over: the recovery of a newer one reconciles
-    every window anyway.
+    Older executions past the limit are passed over: the recovery of a newer failure
+    reconciles every window anyway.
     """
-    found: list[AssetCheckExecutionRecord] = []
+    found: list[Any] = []
     page_cursor: int | None = None
     while len(found) < limit:
         size = min(PAGE, limit - len(found))
         page = instance.event_log_storage.get_asset_check_execution_history(
-            key, limit=size, cursor=page_cursor, status={status}
+            key, limit=size, cursor=page_cursor
         )
         newer = [r for r in page if r.id > after]
         found.extend(newer)
@@ -103,6 +102,10 @@ def _history(
             break
         page_cursor = page[-1].id
     return found
+
+
+def _status(record: Any) -> str:
+    return str(getattr(record.status, "value", record.status))
 
 
 def _run_finished(instance: DagsterInstance, run_id: str) -> bool:
@@ -126,7 +129,7 @@ def _failed_evaluation_storage_id(
 
 def build_quality_sensor(
     job: Job,
-    recovery: JobDefinition | UnresolvedAssetJobDefinition,
+    recovery: RunTarget,
     check_keys: Sequence[AssetCheckKey],
     recovery_op: str,
     *,
@@ -165,25 +168,26 @@ def build_quality_sensor(
         # below them whatever happens to them during the tick.
         latest = instance.event_log_storage.get_latest_asset_check_execution_by_key(list(keys))
         horizon = max([state.after, *(r.id for r in latest.values())])
+        history = {key: _history(instance, key, state.after) for key in keys}
         running = [
             r.id
             for key in keys
-            for r in _history(instance, key, _PLANNED, state.after)
-            if r.id <= horizon and not _run_finished(instance, r.run_id)
+            for r in history[key]
+            if _status(r) == _PLANNED and r.id <= horizon and not _run_finished(instance, r.run_id)
         ]
         passed = {
-            key: max((r.id for r in _history(instance, key, _SUCCEEDED, state.after, 1)), default=0)
+            key: max((r.id for r in history[key] if _status(r) == _SUCCEEDED), default=0)
             for key in keys
         }
         failed = [
             r
             for key in keys
-            for r in _history(instance, key, _FAILED, state.after)
-            if r.id not in state.done
+            for r in history[key]
+            if _status(r) == _FAILED and r.id not in state.done
         ]
         # A failure its check has passed since (after some repair) needs no recovery any more.
         current = [r for r in failed if passed[r.key] < r.id]
-        by_run: dict[str, list[AssetCheckExecutionRecord]] = {}
+        by_run: dict[str, list[Any]] = {}
         for record in sorted(current, key=lambda r: r.id):
             by_run.setdefault(record.run_id, []).append(record)
         requests = []

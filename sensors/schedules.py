@@ -4,17 +4,16 @@ from __future__ import annotations
 
 from dagster import (
     DefaultScheduleStatus,
-    JobDefinition,
     ScheduleDefinition,
 )
-from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
 from onceflow.job import Job
+from sensors._target import RunTarget
 
 
 def build_reconcile_schedule(
     job: Job,
-    recovery: JobDefinition | UnresolvedAssetJobDefinition,
+    recovery: RunTarget,
     *,
     cron: str = "0 * * * *",
 ) -> ScheduleDefinition:

@@ -43,20 +43,34 @@ def _engine(job_name: str, guarantee: str | None = None, *, spark: bool = True) 
     return build_engine(job, settings, session, dsn, guarantee=guarantee)
 
 
-def _print_window(result: Any) -> None:
+def _window_line(result: Any) -> str:
     stats = result.stats or {}
     if result.noop:
-        print(f"window {result.window_id}: already committed in every sink; nothing changed")
-        return
+        return f"window {result.window_id}: already committed in every sink; nothing changed"
     sinks = ", ".join(
         f"{name}={'held' if s.already_committed else s.rows}" for name, s in result.sinks.items()
     )
-    print(
+    return (
         f"window {result.window_id}: {_units(result.offsets)}, "
         f"{stats.get('rows_in', 0)} records, {stats.get('kept', 0)} kept, "
         f"{stats.get('duplicates', 0)} duplicates, {stats.get('quarantined', 0)} quarantined; "
         f"{sinks} ({result.latency_s:.2f}s)"
     )
+
+
+def _windows_ahead(engine: Any, max_units: int | None) -> int | None:
+    """Windows a run will process (pending plus new), for the progress display; None if the
+    source cannot say cheaply."""
+    from onceflow.engine import DEFAULT_MAX_UNITS_PER_WINDOW
+
+    try:
+        engine.prepare()
+        pending = len(list(engine.ledger.windows(pending_only=True)))
+        units = len(engine.unplanned_units())
+    except Exception:  # the run itself reports what is wrong
+        return None
+    size = max_units or DEFAULT_MAX_UNITS_PER_WINDOW
+    return pending + -(-units // size)
 
 
 def _units(offsets: dict[str, Any]) -> str:
@@ -78,13 +92,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_term)
     if args.follow:
         signal.signal(signal.SIGINT, on_term)
-    result = engine.run(
-        max_units_per_window=args.max_files_per_window,
-        follow=args.follow,
-        poll_interval_s=args.poll_interval,
-        stop=stop,
-        on_window=_print_window,
-    )
+    from onceflow.progress import Progress
+
+    total = None if args.follow else _windows_ahead(engine, args.max_files_per_window)
+    with Progress(f"run {args.job}", total=total) as progress:
+
+        def on_window(window: Any) -> None:
+            progress.advance(1, int((window.stats or {}).get("rows_in", 0)))
+            progress.echo(_window_line(window))
+
+        result = engine.run(
+            max_units_per_window=args.max_files_per_window,
+            follow=args.follow,
+            poll_interval_s=args.poll_interval,
+            stop=stop,
+            on_window=on_window,
+        )
     print(f"run {result.run_id} (epoch {result.epoch}): {len(result.windows)} window(s)")
     return 0
 
@@ -104,12 +127,23 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_reconcile(args: argparse.Namespace) -> int:
+    from onceflow.progress import Progress
     from onceflow.reconcile import format_report, reconcile
 
     engine = _engine(args.job)
-    report = reconcile(
-        engine, dry_run=args.dry_run, mode="incremental" if args.incremental else "full"
-    )
+    with Progress(f"reconcile {args.job}", total=len(engine.job.sinks), unit="sinks") as progress:
+
+        def on_step(text: str) -> None:
+            if text.startswith("comparing") and progress.current.startswith("comparing"):
+                progress.advance()
+            progress.phase(text)
+
+        report = reconcile(
+            engine,
+            dry_run=args.dry_run,
+            mode="incremental" if args.incremental else "full",
+            on_step=on_step,
+        )
     print(format_report(report))
     return 0
 
@@ -154,10 +188,13 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    from onceflow.progress import Progress
     from onceflow.validation import validate_job
 
     engine = _engine(args.job)
-    report = validate_job(engine)
+    with Progress(f"validate {args.job}", unit="sinks") as progress:
+        progress.phase(f"checking {', '.join(s.name for s in engine.job.sinks)}")
+        report = validate_job(engine)
     for result in report.results:
         mark = "ok  " if result.passed else "FAIL"
         print(f"{mark} {result.sink}: {result.check} {result.observed}")
@@ -197,6 +234,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from onceflow.demo import run_demo
 
     return run_demo(records=args.records, files=args.files)
+
+
+def cmd_spark_server(args: argparse.Namespace) -> int:
+    from onceflow.spark_server import SparkServerConfig, parse_conf, serve
+
+    master = args.master or os.environ.get("ONCEFLOW_SPARK_MASTER") or "local[2]"
+    serve(SparkServerConfig(args.host, args.port, master, parse_conf(args.conf)))
+    return 0  # serve() replaces the process
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -268,6 +313,20 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--invalid-rate", type=float, default=0.0)
     gen.add_argument("--seed", type=int, default=0)
     gen.set_defaults(func=cmd_generate)
+
+    srv = sub.add_parser(
+        "spark-server",
+        help="run a long-lived Spark Connect server that runs attach to (ONCEFLOW_SPARK_REMOTE)",
+    )
+    srv.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    srv.add_argument("--port", type=int, default=15002, help="gRPC port (default 15002)")
+    srv.add_argument(
+        "--master", default=None, help="spark.master (default ONCEFLOW_SPARK_MASTER or local[2])"
+    )
+    srv.add_argument(
+        "--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark setting"
+    )
+    srv.set_defaults(func=cmd_spark_server)
 
     demo = sub.add_parser("demo", help="generate, crash mid-commit, recover, validate")
     demo.add_argument("--records", type=int, default=20000)

@@ -9,7 +9,7 @@ import time
 
 from onceflow.generate import generate_payments
 from onceflow.ledger import Ledger
-from onceflow.postgres import resolve_dsn
+from onceflow.postgres import resolve_dsn, stop_embedded
 from onceflow.settings import Settings
 
 
@@ -62,4 +62,11 @@ def run_demo(records: int = 20000, files: int = 8) -> int:
     )
     ok = third.returncode == 0 and checks.returncode == 0
     _say("exactly once: every check passed" if ok else "a check failed: see above")
+    if settings.postgres_dsn is None:
+        stopped = stop_embedded(settings.home)
+        print(
+            "embedded PostgreSQL stopped"
+            if stopped
+            else "embedded PostgreSQL left running: another process still uses it"
+        )
     return 0 if ok else 1

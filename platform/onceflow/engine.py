@@ -561,7 +561,9 @@ class Engine:
             faults.point("after_commits", window.window_id)
             if self.exactly_once:
                 self.ledger.check_epoch(epoch)
-            prepared.indexed = self._complete(window.window_id, prepared.keys, prepared.results)
+            prepared.indexed = self._complete(
+                window.window_id, prepared.keys, prepared.results, _versions(result.sinks)
+            )
         finally:
             out.release()
             if not keep_keys:
@@ -613,14 +615,18 @@ class Engine:
         return results
 
     def _complete(
-        self, window_id: int, keys: CopyWriter | None, results: dict[str, list[dict[str, Any]]]
+        self,
+        window_id: int,
+        keys: CopyWriter | None,
+        results: dict[str, list[dict[str, Any]]],
+        versions: Mapping[str, int] | None = None,
     ) -> bool:
         """Mark the window completed, moving its staged dedupe keys into the key index in the
-        same transaction; False if they were lost (the next window indexes them from the
-        state sink)."""
+        same transaction (and recording the sinks' `versions` holding it, for lineage); False
+        if the keys were lost (the next window indexes them from the state sink)."""
         index = self.index
         if keys is None or index is None or keys.key not in results:
-            self.ledger.mark_completed(window_id)
+            self.ledger.mark_completed(window_id, versions=versions)
             return index is None
         rows = rows_written(results[keys.key])
         indexed: list[bool] = []
@@ -628,7 +634,7 @@ class Engine:
         def add(conn: Any) -> None:
             indexed[:] = [index.add(conn, keys.table, [window_id], rows)]
 
-        self.ledger.mark_completed(window_id, also=add)
+        self.ledger.mark_completed(window_id, also=add, versions=versions)
         if not indexed[0]:
             _log.warning("window %d: its staged dedupe keys were lost", window_id)
         return indexed[0]
@@ -746,7 +752,7 @@ class Engine:
                 out.release()
             faults.point("restated", window.window_id)
             self.ledger.record_stats(window.window_id, result.stats)
-            self.ledger.complete_restatement(seq)
+            self.ledger.complete_restatement(seq, window.window_id, _versions(result.sinks))
             WindowStage(
                 self.settings.lake, self.job.name, window.window_id, window.offsets, tag
             ).discard()
@@ -905,6 +911,15 @@ class Engine:
         finally:
             out.release()
         return WindowOutputs(staged, stats)
+
+
+def _versions(outcomes: Mapping[str, SinkOutcome]) -> dict[str, int]:
+    """The data versions (Delta table versions) this run's commits made, by sink."""
+    return {
+        name: o.delta_version
+        for name, o in outcomes.items()
+        if o.committed and o.delta_version is not None
+    }
 
 
 def build_engine(

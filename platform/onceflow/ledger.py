@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -20,6 +20,7 @@ from psycopg import sql
 from onceflow import faults
 from onceflow._identifiers import session_name
 from onceflow.errors import FencedError, LedgerError
+from onceflow.lineage import ensure_view
 from onceflow.postgres import connect, retrying
 
 _log = logging.getLogger(__name__)
@@ -77,6 +78,17 @@ CREATE TABLE IF NOT EXISTS onceflow.restatements (
     completed_at timestamptz,
     PRIMARY KEY (job, seq),
     UNIQUE (job, request_id)
+);
+-- The version of a versioned sink's data (a Delta table version) holding each window, for the
+-- lineage view; the sink's own log stays the truth.
+CREATE TABLE IF NOT EXISTS onceflow.sink_versions (
+    job text NOT NULL,
+    window_id bigint NOT NULL,
+    sink text NOT NULL,
+    version bigint NOT NULL,
+    restate_seq bigint,
+    recorded_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (job, window_id, sink)
 );
 CREATE TABLE IF NOT EXISTS onceflow.reconciliations (
     job text NOT NULL,
@@ -197,6 +209,7 @@ class Ledger:
             # Concurrent CREATE ... IF NOT EXISTS can still collide on the catalog; serialise.
             conn.execute("SELECT pg_advisory_xact_lock(hashtext('onceflow.schema'))")
             conn.execute(_DDL)
+            ensure_view(conn)
 
         self.write("create the ledger tables", create)
 
@@ -458,15 +471,39 @@ class Ledger:
             ),
         )
 
+    def record_versions(
+        self,
+        conn: psycopg.Connection,
+        window_id: int,
+        versions: Mapping[str, int],
+        restate_seq: int | None = None,
+    ) -> None:
+        """Inside `conn`'s transaction, record the sink data versions (Delta table versions)
+        holding the window, or its restatement `restate_seq` (idempotent)."""
+        if not versions:
+            return
+        conn.execute(
+            "INSERT INTO onceflow.sink_versions (job, window_id, sink, version, restate_seq)"
+            " SELECT %s, %s, s, v, %s FROM unnest(%s::text[], %s::bigint[]) AS x(s, v)"
+            " ON CONFLICT (job, window_id, sink) DO UPDATE SET version = EXCLUDED.version,"
+            " restate_seq = EXCLUDED.restate_seq, recorded_at = now()",
+            (self.job, window_id, restate_seq, list(versions), list(versions.values())),
+        )
+
     def mark_completed(
-        self, window_id: int, also: Callable[[psycopg.Connection], object] | None = None
+        self,
+        window_id: int,
+        also: Callable[[psycopg.Connection], object] | None = None,
+        versions: Mapping[str, int] | None = None,
     ) -> None:
         """Mark the window completed (every sink holds it), with `also(conn)` in the same
-        transaction; `also` must be idempotent (the whole transaction is retried)."""
+        transaction; `also` must be idempotent (the whole transaction is retried). `versions`:
+        the sinks' data versions holding the window, for the lineage view."""
 
         def work(conn: psycopg.Connection) -> None:
             if also is not None:
                 also(conn)
+            self.record_versions(conn, window_id, versions or {})
             conn.execute(
                 "UPDATE onceflow.windows SET completed_at = now()"
                 " WHERE job = %s AND window_id = %s AND completed_at IS NULL",
@@ -546,12 +583,19 @@ class Ledger:
         )
         return [(int(s), int(w), str(r)) for s, w, r in rows]
 
-    def complete_restatement(self, seq: int) -> None:
-        self.write(
-            f"mark restatement {seq} completed",
-            lambda conn: conn.execute(
+    def complete_restatement(
+        self, seq: int, window_id: int | None = None, versions: Mapping[str, int] | None = None
+    ) -> None:
+        """Mark restatement `seq` done, recording the sink versions that hold window
+        `window_id`'s restated rows in the same transaction."""
+
+        def work(conn: psycopg.Connection) -> None:
+            if window_id is not None:
+                self.record_versions(conn, window_id, versions or {}, restate_seq=seq)
+            conn.execute(
                 "UPDATE onceflow.restatements SET completed_at = coalesce(completed_at, now())"
                 " WHERE job = %s AND seq = %s",
                 (self.job, seq),
-            ),
-        )
+            )
+
+        self.write(f"mark restatement {seq} completed", work)

@@ -8,9 +8,10 @@ import os
 import random
 import re
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import conninfo
@@ -62,9 +63,40 @@ def describe_dsn(dsn: str) -> str:
     return f"database {parts.get('dbname') or parts.get('user') or '?'} on {host}"
 
 
+def database_uri(dsn: str) -> str:
+    """`postgresql://host[:port]/database` of `dsn`, without user or password: an address for
+    catalogs and metadata. A Unix-socket folder is shown as `localhost`."""
+    try:
+        parts = conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return "postgresql://unknown"
+    host = str(parts.get("host") or "localhost")
+    if host.startswith("/"):
+        host = "localhost"
+    port = str(parts.get("port") or "")
+    netloc = f"{host}:{port}" if port and port != "5432" else host
+    return f"postgresql://{netloc}/{parts.get('dbname') or 'postgres'}"
+
+
+def _import_pgserver() -> Any:
+    """`pgserver`, imported without its platformdirs warning.
+
+    pgserver asks platformdirs for a per-user runtime folder when it is imported (for its lock
+    file and socket folder); where `XDG_RUNTIME_DIR` is unset (containers, cron, CI) platformdirs
+    warns and falls back to `/run/user/<uid>` or a private temporary folder, which serves
+    pgserver as well. The folder is not moved here: every process sharing the embedded server
+    must find the same lock file. Only that warning is silenced.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"XDG_RUNTIME_DIR", category=UserWarning)
+        import pgserver
+
+    return pgserver
+
+
 def embedded_dsn(home: Path) -> str:
     """Start (or reuse) the embedded PostgreSQL server under `home` and return its DSN."""
-    import pgserver
+    pgserver = _import_pgserver()
 
     data = home / "postgres"
     data.mkdir(parents=True, exist_ok=True)
@@ -76,6 +108,18 @@ def embedded_dsn(home: Path) -> str:
             "see its log in that folder, or set ONCEFLOW_POSTGRES_DSN to a server of yours."
         ) from None
     return str(server.get_uri())
+
+
+def stop_embedded(home: Path) -> bool:
+    """Release this process's hold on the embedded server under `home`; it stops unless another
+    process (a `dagster dev`, another run) still uses it. Returns whether it is stopped."""
+    import pgserver
+
+    data = home / "postgres"
+    if not (data / "postmaster.pid").exists():
+        return True
+    pgserver.get_server(data, cleanup_mode="stop").cleanup()
+    return not (data / "postmaster.pid").exists()
 
 
 def connect(

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from importlib import resources
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -12,7 +16,7 @@ if TYPE_CHECKING:
 
 # Settings every onceflow session needs, whatever the cluster: timestamps kept in UTC and
 # written as INT64 micros so Delta readers agree, and no _SUCCESS/.crc litter in table folders.
-_REQUIRED_CONF: dict[str, str] = {
+REQUIRED_CONF: dict[str, str] = {
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
     "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
@@ -20,7 +24,7 @@ _REQUIRED_CONF: dict[str, str] = {
 }
 
 # Defaults sized for one small machine; a cluster's own settings override them.
-_LOCAL_DEFAULTS: dict[str, str] = {
+LOCAL_DEFAULTS: dict[str, str] = {
     "spark.sql.shuffle.partitions": "4",
     "spark.default.parallelism": "2",
     "spark.ui.enabled": "false",
@@ -30,6 +34,62 @@ _LOCAL_DEFAULTS: dict[str, str] = {
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.sql.adaptive.enabled": "true",
 }
+
+
+def debug_enabled() -> bool:
+    """`ONCEFLOW_DEBUG=1`: show Spark's own start-up and INFO logging."""
+    return os.environ.get("ONCEFLOW_DEBUG", "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def quiet_java_options() -> str:
+    """JVM options that point Spark's log4j at onceflow's quiet profile (warnings and errors).
+
+    Empty under `ONCEFLOW_DEBUG=1`, so Spark's INFO profile and its start-up chatter come back.
+    """
+    if debug_enabled():
+        return ""
+    profile = resources.files("onceflow") / "_spark_conf" / "log4j2-quiet.properties"
+    return f"-Dlog4j2.configurationFile={Path(str(profile)).as_uri()}"
+
+
+# What the JVM itself prints at start, before any logging is set up, and nothing can turn off:
+# Spark's launcher always adds the incubator module.
+_JVM_NOTICES = (b"WARNING: Using incubator modules",)
+
+
+@contextmanager
+def _jvm_notices_filtered() -> Iterator[None]:
+    """Start the JVM with its stderr through a pipe that drops `_JVM_NOTICES` and forwards
+    everything else (warnings, errors, its Python workers' output) to our stderr."""
+    try:
+        read_fd, write_fd = os.pipe()
+        saved = os.dup(2)
+    except OSError:  # no stderr to speak of: nothing to filter
+        yield
+        return
+    sys.stderr.flush()
+    os.dup2(write_fd, 2)
+    os.close(write_fd)
+
+    def pump() -> None:
+        with os.fdopen(read_fd, "rb") as source, os.fdopen(os.dup(saved), "wb", 0) as target:
+            for line in source:
+                if not line.startswith(_JVM_NOTICES):
+                    target.write(line)
+
+    threading.Thread(target=pump, name="onceflow-jvm-stderr", daemon=True).start()
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _quiet_client() -> None:
+    # gRPC (the Spark Connect client) logs a notice on every fork of a process using it.
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 
 def build_spark_session(
@@ -42,7 +102,9 @@ def build_spark_session(
 
     Args:
         master: A `spark.master` URL; `local[2]` when neither this nor `remote` is given.
-        remote: A Spark Connect URL (`sc://host:port`); takes precedence over `master`.
+        remote: A Spark Connect URL (`sc://host:port`, see `onceflow spark-server`); takes
+            precedence over `master`. The server holds the JVM, so the session starts in
+            well under a second.
         app_name: The Spark application name.
         conf: Extra Spark settings, applied after the defaults.
     """
@@ -51,15 +113,23 @@ def build_spark_session(
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name)
+    settings = dict(REQUIRED_CONF)
     if remote:
+        _quiet_client()
         builder = builder.remote(remote)
     else:
         builder = builder.master(master or "local[2]")
-        for key, value in _LOCAL_DEFAULTS.items():
-            builder = builder.config(key, value)
-    for key, value in {**_REQUIRED_CONF, **dict(conf or {})}.items():
+        settings = {**LOCAL_DEFAULTS, **settings}
+        java_options = quiet_java_options()
+        if java_options:
+            settings["spark.driver.extraJavaOptions"] = java_options
+            settings["spark.executor.extraJavaOptions"] = java_options
+    settings.update(conf or {})
+    for key, value in settings.items():
         builder = builder.config(key, value)
-    session = builder.getOrCreate()
-    if not remote:
-        session.sparkContext.setLogLevel("ERROR")
+    if remote or debug_enabled():
+        return builder.getOrCreate()
+    with _jvm_notices_filtered():
+        session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
     return session

@@ -93,8 +93,11 @@ def open_items(engine: Engine) -> OpenItems:
 RECENT_WINDOWS = 10
 
 
-def job_status(engine: Engine) -> dict[str, Any]:
-    """The job's state, as plain data (JSON-serialisable)."""
+def job_status(engine: Engine, lineage_windows: int = RECENT_WINDOWS) -> dict[str, Any]:
+    """The job's state, as plain data (JSON-serialisable): epoch, sinks' commit state, lag,
+    recent windows, and the newest `lineage_windows` rows of `onceflow.lineage`."""
+    from onceflow.lineage import lineage
+
     engine.prepare()
     ledger = engine.ledger
     windows = ledger.windows()
@@ -145,6 +148,9 @@ def job_status(engine: Engine) -> dict[str, Any]:
             "freshness_s": engine.job.freshness_s,
             "fresh": not ages or max(ages) <= engine.job.freshness_s,
         },
+        "lineage": [
+            row.as_json() for row in lineage(engine.dsn, engine.job.name, limit=lineage_windows)
+        ],
     }
 
 

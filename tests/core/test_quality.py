@@ -34,10 +34,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 DDL = """
 CREATE SCHEMA IF NOT EXISTS onceflow;
-CREATE TABLE onceflow.sink_commits (job text, sink text, window_id bigint, epoch bigint NOT NULL,
+CREATE TABLE IF NOT EXISTS onceflow.sink_commits (job text, sink text, window_id bigint, epoch bigint NOT NULL,
   xid xid8 NOT NULL, run_id text, offsets jsonb NOT NULL, rows_written bigint NOT NULL,
   committed_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (job, sink, window_id));
-CREATE TABLE onceflow.restate_commits (job text, sink text, seq bigint, xid xid8 NOT NULL,
+CREATE TABLE IF NOT EXISTS onceflow.restate_commits (job text, sink text, seq bigint, xid xid8 NOT NULL,
   rows_written bigint NOT NULL, committed_at timestamptz NOT NULL DEFAULT now(),
   PRIMARY KEY (job, sink, seq));
 CREATE TABLE onceflow.quarantine (job text NOT NULL, window_id bigint NOT NULL,

@@ -180,7 +180,8 @@ def _delta_window_ids(lake: Path) -> list[int]:
     "loss",
     [
         "DELETE FROM onceflow.windows; DELETE FROM onceflow.source_units",
-        "DROP TABLE onceflow.windows; DROP TABLE onceflow.source_units",
+        # CASCADE: the lineage view reads the windows; it goes with them, and comes back.
+        "DROP TABLE onceflow.windows CASCADE; DROP TABLE onceflow.source_units",
     ],
     ids=["delete", "drop"],
 )

@@ -163,3 +163,24 @@ def test_one_compute_path() -> None:
         (CORE / "engine.py").read_text().split("    def restate(", 1)[1].split("\n    def ")[0]
     )
     assert "self.outputs(" in restate
+
+
+def test_the_dagster_layer_imports_only_dagsters_public_api() -> None:
+    """No `dagster._core` (or any other private Dagster module), even for type checking:
+    those move between Dagster releases without notice."""
+    private = []
+    for path in _files(*LAYER):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            private += [
+                f"{path.relative_to(ROOT)}:{node.lineno} {name}"
+                for name in names
+                if name.split(".")[0].startswith("dagster")
+                and any(part.startswith("_") for part in name.split(".")[1:])
+            ]
+    assert private == []

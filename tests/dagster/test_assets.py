@@ -71,6 +71,11 @@ def test_new_data_backfill_noop_and_restate(
     actual = actual_outputs(pg_dsn, lake)
     assert_exact(expected, actual)
     assert len(actual.pg_payments) == len(expected.payments)
+    _assert_catalog_metadata(mats, actual, pg_dsn, lake, windows=[3, 2, 1])
+    # The source was observed by the run, before it read: its data version is the landing's.
+    (seen,) = result.asset_observations_for_node("payments_run")
+    assert seen.asset_key.to_user_string() == "payments_landing"
+    assert seen.tags["dagster/data_version"].startswith(f"6:{files[-1]}:")
 
     # The same backfill twice: nothing changes, and both runs say so.
     for _ in range(2):
@@ -116,6 +121,11 @@ def test_new_data_backfill_noop_and_restate(
     restated = _materialisations(restate)
     assert _value(restated["pg_merchant_balances"], "mode") == "restate"
     assert _value(restated["lake_payments"], "windows") == "2"
+    # The lineage follows the restatement: window 2 is now held by the restating commit.
+    lineage = {
+        r.data["window"]: r.data for r in _value(restated["lake_payments"], "lineage").records
+    }
+    assert lineage[2]["delta_version"] > version > lineage[1]["delta_version"]
     # Same transform: the restated window's effect is replaced by an identical one.
     assert_exact(expected, actual_outputs(pg_dsn, lake))
 
@@ -176,3 +186,50 @@ def test_failed_run_is_recovered_once(
 
     later = [f for f in visible_files(landing) if f not in first]
     assert_exact(expected_outputs(landing, windows=[first, later]), actual_outputs(pg_dsn, lake))
+
+
+def _assert_catalog_metadata(
+    mats: dict, actual, pg_dsn: str, lake: Path, windows: list[int]
+) -> None:
+    """The catalog's standard keys hold the sinks' real state, and the lineage table the
+    view's rows, with no credentials anywhere."""
+    from dagster import TableSchema
+
+    from onceflow.lineage import lineage
+
+    counts = {
+        "lake_payments": len(actual.delta_payments),
+        "pg_payments": len(actual.pg_payments),
+        "pg_merchant_balances": len(actual.balances),
+        "pg_quarantine": len(actual.quarantine),
+    }
+    database = psycopg.conninfo.conninfo_to_dict(pg_dsn)["dbname"]
+    password = psycopg.conninfo.conninfo_to_dict(pg_dsn).get("password")
+    rows = {r.window_id: r for r in lineage(pg_dsn, "payments")}
+    for sink, mat in mats.items():
+        assert _value(mat, "dagster/row_count") == counts[sink], sink
+        schema = _value(mat, "dagster/column_schema")
+        assert isinstance(schema, TableSchema) and schema.columns
+        uri = _value(mat, "dagster/uri")
+        assert "@" not in uri and (not password or password not in str(mat.metadata))
+        table = _value(mat, "lineage")
+        assert [r.data["window"] for r in table.records] == windows
+        for record in table.records:
+            row = rows[record.data["window"]]
+            assert record.data["rows_in"] == row.rows_in
+            assert record.data["duplicates"] == row.duplicates
+            assert record.data["quarantined"] == row.quarantined
+            assert record.data["delta_version"] == row.delta_versions.get(sink)
+            assert record.data["pg_xid"] == row.pg_xids.get(sink)
+            assert record.data["state"] == "completed"
+    assert _value(mats["lake_payments"], "dagster/uri") == (lake / "payments").resolve().as_uri()
+    assert _value(mats["pg_payments"], "dagster/uri").endswith(f"/{database}/public.payments")
+    assert _value(mats["pg_quarantine"], "dagster/uri").startswith("postgresql://")
+    assert [c.name for c in _value(mats["pg_payments"], "dagster/column_schema").columns][:1] == [
+        "payment_id"
+    ]
+    lake_versions = [
+        r.data["delta_version"] for r in _value(mats["lake_payments"], "lineage").records
+    ]
+    assert all(isinstance(v, int) for v in lake_versions)
+    assert lake_versions == sorted(lake_versions, reverse=True)

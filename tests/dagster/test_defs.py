@@ -111,3 +111,29 @@ def test_instance_config_limits_one_run_and_one_op_per_job(tmp_path) -> None:
     ):
         pools = {n.name: n.definition.pool for n in repo.get_job(job).nodes_in_topological_order}
         assert pools[op] == "onceflow_payments"
+
+
+def test_sink_assets_carry_freshness_policy_columns_and_retry_policy() -> None:
+    from datetime import timedelta
+
+    from dagster import Backoff, TableSchema
+
+    from assets.runs import TRANSIENT_RETRY_POLICY
+    from onceflow.registry import get_job
+
+    payments = get_job("payments")
+    run = definitions.defs.get_assets_def(AssetKey("pg_payments"))
+    for spec in run.specs:
+        policy = spec.freshness_policy
+        assert policy is not None, spec.key
+        assert policy.fail_window.to_timedelta() == timedelta(seconds=payments.freshness_s)
+    pg = next(s for s in run.specs if s.key == AssetKey("pg_payments"))
+    schema = pg.metadata["dagster/column_schema"]
+    assert isinstance(schema, TableSchema)
+    assert [c.name for c in schema.columns] == list(payments.sink("pg_payments").columns)
+    # A Delta sink's columns follow the transform: known from its first materialisation on.
+    lake = next(s for s in run.specs if s.key == AssetKey("lake_payments"))
+    assert "dagster/column_schema" not in lake.metadata
+    for key in ("pg_payments", "payments_recovery"):
+        policy = definitions.defs.get_assets_def(AssetKey(key)).op.retry_policy
+        assert policy == TRANSIENT_RETRY_POLICY and policy.backoff is Backoff.EXPONENTIAL

@@ -9,12 +9,11 @@ that landed while the job was down, with every sink exact against the plain-Pyth
 no run left queued behind the pool slot a dead worker held (pool `onceflow_payments`, limit 1).
 
 What is killed: a machine loss, not a polite stop. The run worker (a process the code server
-spawns per run), the step process under it and the step's Spark JVM are frozen together
+spawns per run, in which the run job's steps execute) and its Spark JVM are frozen together
 (SIGSTOP, so nothing is spawned or written meanwhile) and then SIGKILLed together; the code
-server, the daemon and PostgreSQL live on, as they would on other machines. Killing the run
-worker alone (an OOM kill of the worker) would leave the step process running on as an orphan
-that finishes its window by itself; the engine's epochs fence such a zombie, which the core's
-crash tests cover, so here every process of the run dies.
+server, the daemon and PostgreSQL live on, as they would on other machines. Every process of
+the run dies; an orphan that finishes its window by itself is a zombie the engine's epochs
+fence, which the core's crash tests cover.
 
 When it kills: the first run once it has planned a window (the ledger holds a pending window,
 so its retry has something to replay); each retry once its engine has taken a new epoch (it is

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 from dagster import (
     DagsterInstance,
+    DagsterRun,
     DagsterRunStatus,
     SkipReason,
     build_sensor_context,
     job,
     op,
 )
-from dagster._core.storage.dagster_run import DagsterRun
 
 import definitions
 from onceflow.generate import generate_payments
@@ -143,3 +143,44 @@ def test_new_data_sensor_leaves_the_work_to_dagsters_coming_retry(
     # A failure Dagster will not retry leaves the work to the sensor (and the failure sensor).
     _fail(instance, **{"onceflow/job": "payments", "dagster/will_retry": "false"})
     assert len(tick()) == 1
+
+
+def test_new_data_sensor_observes_the_source_when_a_file_lands(
+    instance: DagsterInstance, pg_dsn: str, lake: Path, landing: Path, tmp_path: Path
+) -> None:
+    """The source asset's data version (the newest file's name and time) is observed on every
+    change, without a run, so the UI never shows it "never observed" nor stale for nothing."""
+    import os
+
+    from dagster import AssetKey
+
+    settings = OnceflowSettingsResource(
+        home=str(tmp_path / "home"), lake=str(lake), landing=str(landing)
+    )
+    postgres = PostgresResource(dsn=pg_dsn)
+    defs = definitions.build_defs(
+        {"spark": SparkResource(), "postgres": postgres, "onceflow": settings}
+    )
+    sensor = defs.resolve_sensor_def("payments_new_data_sensor")
+
+    def tick(cursor: str | None) -> tuple[list, str | None]:
+        context = build_sensor_context(
+            instance=instance, cursor=cursor, resources={"onceflow": settings, "postgres": postgres}
+        )
+        out = sensor(context)
+        return list(out.asset_events or []), out.cursor
+
+    (empty,), cursor = tick(None)  # observed at once, even with nothing landed
+    assert empty.asset_key == AssetKey("payments_landing")
+    assert tick(cursor)[0] == []  # unchanged: not observed again
+    generate_payments(landing, records=50, files=1, seed=6)
+    (landed,), cursor = tick(cursor)
+    assert landed.tags["dagster/data_version"] != empty.tags["dagster/data_version"]
+    assert landed.metadata["units"].value == 1
+    # The same file written again (a new modification time) is new input too.
+    (newest,) = sorted(landing.rglob("*.jsonl"))
+    stat = newest.stat()
+    os.utime(newest, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    (again,), cursor = tick(cursor)
+    assert again.tags["dagster/data_version"] != landed.tags["dagster/data_version"]
+    assert tick(cursor)[0] == []

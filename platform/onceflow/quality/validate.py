@@ -13,6 +13,7 @@ import psycopg
 from deltalake import DeltaTable
 
 from onceflow._delta_read import read_table
+from onceflow.lineage import completed_through, record_check_results
 from onceflow.quality._gx import GxSession, Outcome
 from onceflow.quality.suites import (
     AGG_DUPLICATE_KEYS,
@@ -296,6 +297,7 @@ def validate(
     timings: dict[str, float] = {}
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
+            through = completed_through(conn, job)
             for target in targets:
                 started = time.perf_counter()
                 if isinstance(target, PostgresTableTarget):
@@ -307,6 +309,9 @@ def validate(
                     name, found = _validate_delta(session, conn, job, target, spark, timings)
                 timings[name] = time.perf_counter() - started
                 results.extend(found)
+            # Kept in the database for the lineage view: the latest checks covering a window.
+            with conn.transaction():
+                record_check_results(conn, job, results, through)
         docs = session.build_docs()
     finally:
         session.close()

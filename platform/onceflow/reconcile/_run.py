@@ -6,6 +6,7 @@ import logging
 import shutil
 import time
 import uuid
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 from onceflow._compute import Computed, compute
@@ -52,6 +53,7 @@ def reconcile(
     *,
     dry_run: bool = False,
     mode: Literal["full", "incremental"] = "full",
+    on_step: Callable[[str], None] | None = None,
 ) -> ReconcileReport:
     """Diff every sink of the engine's job with its expected state and repair the difference.
 
@@ -70,6 +72,7 @@ def reconcile(
         engine: The engine of the job to reconcile.
         dry_run: Only report; write nothing (no epoch is taken).
         mode: `full` or `incremental`.
+        on_step: Told what reconcile does next (a progress display's phase).
 
     Raises:
         ConfigurationError: On an unknown mode, or a sink whose retention is shorter than the
@@ -77,6 +80,7 @@ def reconcile(
         FencedError: When a newer run took over during the repair.
     """
     started = time.monotonic()
+    step = on_step or (lambda text: None)
     if mode not in ("full", "incremental"):
         raise ConfigurationError(f"reconcile mode {mode!r} is unknown; use full or incremental.")
     job, spark, settings = engine.job, engine.spark, engine.settings
@@ -92,6 +96,7 @@ def reconcile(
         epoch = engine.start(run_id)
         # A sink that lost committed windows gets them back first, through the commit protocol,
         # so its commit records are whole again and the diff below sees every window.
+        step("replaying windows a sink lacks")
         replay = engine.replay_lacking(epoch, run_id)
         replayed, lacking = replay.restored, replay.left
     every = engine.ledger.windows()
@@ -118,6 +123,7 @@ def reconcile(
                 # the state sink; trusting it here is the best there is (the input is gone).
                 state = engine.group_of[job.dedupe.state_sink]
                 seen = state.seen_keys(spark, job.dedupe.state_sink, list(job.dedupe.key), only=bad)
+            step(f"recomputing {len(available)} window(s)")
             computed = compute(spark, job, settings, available, seen=seen)
             outputs = computed.outputs
         diffs: list[SinkDiff] = []
@@ -127,6 +133,7 @@ def reconcile(
         for sink in job.sinks:
             group = engine.group_of[sink.name]
             scope = ReconcileScope(bad, verified.get(sink.name, 0), ids)
+            step(f"comparing {sink.name}")
             found = group.reconcile(
                 spark, sink.name, outputs.get(sink.output), scope, epoch=epoch, run_id=run_id,
                 workdir=workdir,

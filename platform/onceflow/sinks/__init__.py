@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from onceflow.sinks.base import SinkContext, SinkGroup, SinkOutcome, SinkSpec
+from onceflow.sinks.base import SinkContext, SinkGroup, SinkOutcome, SinkSpec, TableFacts
 
 
 def open_groups(specs: Sequence[SinkSpec], ctx: SinkContext) -> list[SinkGroup]:
@@ -17,4 +17,4 @@ def open_groups(specs: Sequence[SinkSpec], ctx: SinkContext) -> list[SinkGroup]:
     return [group for kind in kinds for group in kind.open_groups(specs, ctx)]
 
 
-__all__ = ["SinkContext", "SinkGroup", "SinkOutcome", "SinkSpec", "open_groups"]
+__all__ = ["SinkContext", "SinkGroup", "SinkOutcome", "SinkSpec", "TableFacts", "open_groups"]

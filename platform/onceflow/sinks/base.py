@@ -43,6 +43,21 @@ class SinkOutcome:
     latency_s: float = 0.0
 
 
+@dataclass(frozen=True)
+class TableFacts:
+    """What a data catalog shows of one sink's table, never credentials.
+
+    Attributes:
+        uri: Where the table is: a Delta table's location, `postgresql://host/db/schema.table`.
+        columns: (name, type) of its columns, in table order (empty before it exists).
+        row_count: Rows it holds now (for a shared table, this job's rows); None if unknown.
+    """
+
+    uri: str
+    columns: tuple[tuple[str, str], ...]
+    row_count: int | None
+
+
 @dataclass
 class WindowWrite:
     """A group's part of one window's write, between `SinkGroup.begin` and `SinkGroup.finish`.
@@ -137,6 +152,11 @@ class SinkSpec(ABC):
     def lake_table(self) -> str | None:
         """The table under the lake root this sink writes, if any (for lineage between jobs)."""
         return None
+
+    def declared_columns(self) -> tuple[tuple[str, str], ...]:
+        """(name, type) of the columns the job declares for this sink (empty when its columns
+        follow the transform's output and are known only once written)."""
+        return ()
 
 
 class SinkGroup(ABC):
@@ -292,6 +312,11 @@ class SinkGroup(ABC):
     @abstractmethod
     def data_version(self, sink: str) -> int | None:
         """A version of the sink's data for the UI (the Delta version), if the kind has one."""
+
+    def table_facts(self, sink: str) -> TableFacts | None:
+        """The sink's table as a catalog shows it (location, columns, rows now), if the kind
+        can say."""
+        return None
 
     @abstractmethod
     def quality_targets(self) -> list[Target]:

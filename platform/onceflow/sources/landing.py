@@ -107,10 +107,16 @@ class LandingFiles(Source):
         """The records of `files` (relative to `root`), one Spark partition per file."""
 
     def observe(self, settings: Settings) -> Observation:
+        """The newest file's name and modification time, and the file count: a file that
+        lands, or lands again with new contents, changes the version."""
         files = self.discover(settings, None)
         newest = files[-1] if files else ""
+        try:
+            mtime = (settings.landing / newest).stat().st_mtime_ns if newest else 0
+        except OSError:
+            mtime = 0
         return Observation(
-            version=f"{len(files)}:{newest}",
+            version=f"{len(files)}:{newest}:{mtime}",
             units=len(files),
             metadata={"files": len(files), "newest_file": newest or "none"},
         )

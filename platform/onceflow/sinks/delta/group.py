@@ -18,6 +18,7 @@ from onceflow.sinks.base import (
     SinkGroup,
     SinkOutcome,
     SinkReconcile,
+    TableFacts,
     WindowWrite,
 )
 from onceflow.sinks.delta._reconcile import reconcile_delta
@@ -286,6 +287,21 @@ class DeltaGroup(SinkGroup):
             if entry.get(f"{META_PREFIX}window_id") is not None and "version" in entry:
                 return int(entry["version"])
         return int(table.version())
+
+    def table_facts(self, sink: str) -> TableFacts:
+        uri = self.table.path.resolve().as_uri()
+        if not self.table.exists():
+            return TableFacts(uri, (), None)
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        table = self.table.table()
+        columns = tuple(
+            (f.name, str(getattr(f.type, "type", f.type))) for f in table.schema().fields
+        )
+        files = pa.table(table.get_add_actions(flatten=True))
+        rows = pc.sum(files.column("num_records")).as_py() if files.num_rows else 0
+        return TableFacts(uri, columns, int(rows or 0))
 
     def quality_targets(self) -> list[Target]:
         from onceflow._identifiers import delta_app_id

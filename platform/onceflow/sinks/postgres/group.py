@@ -15,7 +15,7 @@ from psycopg.rows import tuple_row
 
 from onceflow import faults
 from onceflow.errors import SinkError, TransientSinkError
-from onceflow.postgres import connect, retrying
+from onceflow.postgres import connect, database_uri, retrying
 from onceflow.sinks.base import (
     ReconcileScope,
     RecordedWindow,
@@ -23,6 +23,7 @@ from onceflow.sinks.base import (
     SinkGroup,
     SinkOutcome,
     SinkReconcile,
+    TableFacts,
     WindowWrite,
 )
 from onceflow.sinks.postgres._reconcile import reconcile_postgres
@@ -427,6 +428,30 @@ class PostgresGroup(SinkGroup):
                 )
             )
         return targets
+
+    def table_facts(self, sink: str) -> TableFacts:
+        spec = self.by_name[sink]
+        count = sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(spec.schema, spec.table))
+        params: tuple[Any, ...] = ()
+        if spec.job_column is not None:  # a shared table: this job's rows
+            count = sql.SQL("{} WHERE {} = %s").format(count, sql.Identifier(spec.job_column))
+            params = (self.job,)
+
+        def rows(conn: Any) -> int | None:
+            exists = conn.execute(
+                "SELECT 1 FROM pg_catalog.pg_tables WHERE schemaname = %s AND tablename = %s",
+                (spec.schema, spec.table),
+            ).fetchone()
+            if exists is None:
+                return None
+            row = conn.execute(count, params).fetchone()
+            return int(row[0]) if row else None
+
+        return TableFacts(
+            uri=f"{database_uri(self.ctx.dsn)}/{spec.schema}.{spec.table}",
+            columns=spec.declared_columns(),
+            row_count=self._read(f"count the rows of {sink}", rows),
+        )
 
     def status(self) -> dict[str, dict[str, Any]]:
         rows = self._read(

@@ -135,6 +135,9 @@ class PostgresSink(SinkSpec):
     def describe(self) -> str:
         return f"PostgreSQL table `{self.schema}.{self.table}` ({self.mode})"
 
+    def declared_columns(self) -> tuple[tuple[str, str], ...]:
+        return tuple(self.columns.items())
+
 
 QUARANTINE_COLUMNS: dict[str, str] = {
     "job": "text",

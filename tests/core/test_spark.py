@@ -1,0 +1,44 @@
+"""The session onceflow builds: Spark's start-up chatter stays out of a user's terminal."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from onceflow.generate import generate_payments
+from onceflow.spark import quiet_java_options
+from tests.support.cli import CliRun
+
+CHATTER = (
+    "Using Spark's default log4j profile",
+    'Setting default log level to "WARN"',
+    "NativeCodeLoader",
+    "resolves to a loopback address",
+    " INFO ",
+    "Using incubator modules",
+)
+
+
+def test_a_local_run_prints_its_windows_and_no_spark_chatter(
+    pg_dsn: str, lake: Path, landing: Path, tmp_path: Path
+) -> None:
+    generate_payments(landing, records=200, files=1, seed=5)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ONCEFLOW_")}
+    env.update(
+        ONCEFLOW_HOME=str(tmp_path / "home"),
+        ONCEFLOW_POSTGRES_DSN=pg_dsn,
+        ONCEFLOW_LAKE=str(lake),
+        ONCEFLOW_LANDING=str(landing),
+    )
+    done = CliRun(["run", "payments"], env, tmp_path / "logs").finish()
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "window 1: 1 file(s), 200 records" in done.stdout
+    shown = [line for line in done.stderr.splitlines() if any(c in line for c in CHATTER)]
+    assert not shown, shown
+
+
+def test_debug_restores_sparks_own_logging(monkeypatch) -> None:
+    assert "log4j2-quiet.properties" in quiet_java_options()
+    assert Path(quiet_java_options().split("=", 1)[1].removeprefix("file://")).is_file()
+    monkeypatch.setenv("ONCEFLOW_DEBUG", "1")
+    assert quiet_java_options() == ""
