@@ -50,6 +50,8 @@ def table_metadata(facts: TableFacts | None) -> dict[str, Any]:
         out[COLUMN_SCHEMA] = MetadataValue.table_schema(column_schema(facts.columns))
     if facts.row_count is not None:
         out[ROW_COUNT] = MetadataValue.int(facts.row_count)
+        if facts.row_count_estimated:
+            out["row_count_estimated"] = MetadataValue.bool(True)
     return out
 
 

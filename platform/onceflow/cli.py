@@ -94,8 +94,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGINT, on_term)
     from onceflow.progress import Progress
 
-    total = None if args.follow else _windows_ahead(engine, args.max_files_per_window)
-    with Progress(f"run {args.job}", total=total) as progress:
+    progress = Progress(f"run {args.job}")
+    if progress.enabled and not args.follow:  # the estimate costs a listing: only to draw it
+        progress.total = _windows_ahead(engine, args.max_files_per_window)
+    with progress:
 
         def on_window(window: Any) -> None:
             progress.advance(1, int((window.stats or {}).get("rows_in", 0)))

@@ -13,6 +13,7 @@ The server's Python workers import the jobs' code: start it in the same environm
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -56,10 +57,14 @@ class SparkServerConfig:
     conf: Mapping[str, str] = field(default_factory=dict)
 
     @property
+    def client_host(self) -> str:
+        """The address a client on this machine reaches the server at."""
+        return "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
+
+    @property
     def url(self) -> str:
         """The `sc://` URL clients set as `ONCEFLOW_SPARK_REMOTE`."""
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
-        return f"sc://{host}:{self.port}"
+        return f"sc://{self.client_host}:{self.port}"
 
     def command(self) -> list[str]:
         """The `spark-submit` command line that runs the server in the foreground."""
@@ -148,7 +153,7 @@ class SparkServer:
                 start_new_session=True,
             )
         deadline = time.monotonic() + timeout_s
-        host = self.url.removeprefix("sc://").rsplit(":", 1)[0]
+        host = self.config.client_host
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise ConfigurationError(
@@ -170,8 +175,6 @@ class SparkServer:
         """Stop the server and its Python workers (its whole process group)."""
         if self.proc is None or self.proc.poll() is not None:
             return
-        import signal
-
         try:
             os.killpg(self.proc.pid, signal.SIGTERM)
             self.proc.wait(timeout=timeout_s)

@@ -17,7 +17,7 @@ import pytest
 from psycopg import sql
 
 from onceflow.generate import generate_payments
-from tests.support.cli import RUN_TIMEOUT_S, CliRun, Finished
+from tests.support.cli import RUN_TIMEOUT_S, CliRun, Finished, cli_env
 from tests.support.oracle import expected_outputs
 from tests.support.outputs import actual_outputs, assert_exact
 
@@ -34,18 +34,9 @@ class Site:
     home: Path
 
     def env(self, fault: str | None = None, **extra: str) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("ONCEFLOW_")}
-        env.update(
-            ONCEFLOW_HOME=str(self.home),
-            ONCEFLOW_POSTGRES_DSN=self.dsn,
-            ONCEFLOW_LAKE=str(self.lake),
-            ONCEFLOW_LANDING=str(self.landing),
-            GX_ANALYTICS_ENABLED="false",
+        return cli_env(
+            home=self.home, dsn=self.dsn, lake=self.lake, landing=self.landing, fault=fault, **extra
         )
-        if fault:
-            env["ONCEFLOW_FAULT"] = fault
-        env.update(extra)
-        return env
 
     def start(self, fault: str | None = None, max_files: int = 2, **extra: str) -> CliRun:
         args = ["run", "payments", "--max-files-per-window", str(max_files)]

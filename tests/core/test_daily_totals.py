@@ -12,7 +12,6 @@ own window, new payments committed by `onceflow run payments` before the recover
 from __future__ import annotations
 
 import dataclasses
-import os
 import signal
 import time
 from collections.abc import Mapping
@@ -32,7 +31,7 @@ from onceflow.reconcile import format_report, reconcile
 from onceflow.registry import get_job
 from onceflow.restate import restate_windows
 from onceflow.settings import Settings
-from tests.support.cli import CliRun, Finished
+from tests.support.cli import CliRun, Finished, cli_env
 from tests.support.daily_totals_oracle import (
     Totals,
     actual_totals,
@@ -185,17 +184,7 @@ CRASH_WINDOW = 2
 
 
 def _env(dsn: str, lake: Path, landing: Path, home: Path, fault: str | None = None) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ONCEFLOW_")}
-    env.update(
-        ONCEFLOW_HOME=str(home),
-        ONCEFLOW_POSTGRES_DSN=dsn,
-        ONCEFLOW_LAKE=str(lake),
-        ONCEFLOW_LANDING=str(landing),
-        GX_ANALYTICS_ENABLED="false",
-    )
-    if fault:
-        env["ONCEFLOW_FAULT"] = fault
-    return env
+    return cli_env(home=home, dsn=dsn, lake=lake, landing=landing, fault=fault)
 
 
 def _cli(env: dict, home: Path, *args: str) -> Finished:

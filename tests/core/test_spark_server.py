@@ -22,7 +22,7 @@ import pytest
 
 from onceflow.generate import generate_payments
 from onceflow.spark_server import SparkServerConfig, free_port
-from tests.support.cli import ONCEFLOW, CliRun, Finished
+from tests.support.cli import ONCEFLOW, CliRun, Finished, cli_env
 from tests.support.daily_totals_oracle import (
     assert_totals_exact,
     totals_from_delta,
@@ -88,21 +88,17 @@ class Site:
     home: Path
 
     def env(self, fault: str | None = None, **extra: str) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("ONCEFLOW_")}
-        env.update(
-            ONCEFLOW_HOME=str(self.home),
-            ONCEFLOW_POSTGRES_DSN=self.dsn,
-            ONCEFLOW_LAKE=str(self.lake),
-            ONCEFLOW_LANDING=str(self.landing),
+        return cli_env(
+            home=self.home,
+            dsn=self.dsn,
+            lake=self.lake,
+            landing=self.landing,
+            fault=fault,
             ONCEFLOW_SPARK_REMOTE=self.server.url,
-            GX_ANALYTICS_ENABLED="false",
             PYTHONPATH=str(ROOT),
             ONCEFLOW_DEBUG="1",  # a failure shows its whole traceback (the client has no JVM)
+            **extra,
         )
-        if fault:
-            env["ONCEFLOW_FAULT"] = fault
-        env.update(extra)
-        return env
 
     def run(self, *args: str, fault: str | None = None, **extra: str) -> Finished:
         return CliRun(list(args), self.env(fault, **extra), self.home / "logs").finish()

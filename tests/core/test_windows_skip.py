@@ -3,7 +3,6 @@ skip is recorded with its reason, shown everywhere, and later windows run exactl
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 from pathlib import Path
@@ -16,7 +15,7 @@ from onceflow.reconcile import format_report, reconcile
 from onceflow.registry import get_job
 from onceflow.settings import Settings
 from onceflow.status import open_items
-from tests.support.cli import CliRun, Finished
+from tests.support.cli import CliRun, Finished, cli_env
 from tests.support.oracle import expected_outputs
 from tests.support.outputs import actual_outputs, assert_exact
 
@@ -41,15 +40,14 @@ class Site:
             shutil.copy2(self.files[i], self.settings.landing / "payments" / self.files[i].name)
 
     def cli(self, *args: str, fault: str | None = None) -> Finished:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("ONCEFLOW_")}
-        env.update(
-            ONCEFLOW_HOME=str(self.settings.home),
-            ONCEFLOW_POSTGRES_DSN=str(self.settings.postgres_dsn),
-            ONCEFLOW_LAKE=str(self.settings.lake),
-            ONCEFLOW_LANDING=str(self.settings.landing),
+        settings = self.settings
+        env = cli_env(
+            home=settings.home,
+            dsn=str(settings.postgres_dsn),
+            lake=settings.lake,
+            landing=settings.landing,
+            fault=fault,
         )
-        if fault:
-            env["ONCEFLOW_FAULT"] = fault
         return CliRun(list(args), env, self.tmp / "logs").finish()
 
     def run(self, fault: str | None = None) -> Finished:

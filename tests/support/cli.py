@@ -16,6 +16,25 @@ ONCEFLOW = str(Path(sys.executable).with_name("onceflow"))
 RUN_TIMEOUT_S = 300
 
 
+def cli_env(
+    *, home: Path, dsn: str, lake: Path, landing: Path, fault: str | None = None, **extra: str
+) -> dict[str, str]:
+    """The environment of an `onceflow` process for one installation: this process's, without
+    its own ONCEFLOW_* settings, then these (`fault`: ONCEFLOW_FAULT; `extra`: anything else)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ONCEFLOW_")}
+    env.update(
+        ONCEFLOW_HOME=str(home),
+        ONCEFLOW_POSTGRES_DSN=dsn,
+        ONCEFLOW_LAKE=str(lake),
+        ONCEFLOW_LANDING=str(landing),
+        GX_ANALYTICS_ENABLED="false",
+    )
+    if fault:
+        env["ONCEFLOW_FAULT"] = fault
+    env.update(extra)
+    return env
+
+
 @dataclass
 class Finished:
     returncode: int

@@ -51,11 +51,14 @@ class TableFacts:
         uri: Where the table is: a Delta table's location, `postgresql://host/db/schema.table`.
         columns: (name, type) of its columns, in table order (empty before it exists).
         row_count: Rows it holds now (for a shared table, this job's rows); None if unknown.
+        row_count_estimated: `row_count` is the database's estimate, not a count (large
+            tables, where counting would read the whole table on every run).
     """
 
     uri: str
     columns: tuple[tuple[str, str], ...]
     row_count: int | None
+    row_count_estimated: bool = False
 
 
 @dataclass
