@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from dagster import (
     AssetCheckExecutionContext,
@@ -14,7 +16,7 @@ from dagster import (
     multi_asset_check,
 )
 
-from onceflow.engine import build_engine
+from onceflow.engine import Engine, build_engine
 from onceflow.job import Job
 from resources import OnceflowSettingsResource, PostgresResource, SparkResource
 from resources._annotations import typed
@@ -49,40 +51,69 @@ def build_quality_checks(job: Job, keys: Sequence[AssetKey]) -> list[AssetChecks
         postgres: PostgresResource,
         onceflow: OnceflowSettingsResource,
     ) -> Iterator[AssetCheckResult]:
-        from onceflow.quality import validate
-        from onceflow.validation import quality_targets
-
         settings = onceflow.settings()
         engine = build_engine(job, settings, spark.spark_session, postgres.resolve(settings.home))
-        engine.prepare()
         wanted = {key.asset_key.to_user_string() for key in context.selected_asset_check_keys}
-        targets = [t for t in quality_targets(engine) if t.sink in wanted]
-        docs = settings.home / "data_docs" / job.name
-        report = validate(job.name, targets, dsn=engine.dsn, spark=engine.spark, data_docs_dir=docs)
-        for sink in sorted(wanted):
-            results = [r for r in report.results if r.sink == sink]
-            failed = [r for r in results if not r.passed]
-            metadata = {
-                "checks": MetadataValue.int(len(results)),
-                "failed": MetadataValue.int(len(failed)),
-                "failures": MetadataValue.json(
-                    [{"check": r.check, "observed": r.observed} for r in failed]
-                ),
-                "seconds": MetadataValue.float(
-                    round(_suite_seconds(report.timings, job.name, sink), 3)
-                ),
-            }
-            if report.data_docs:
-                metadata["data_docs"] = MetadataValue.path(report.data_docs)
+        for outcome in run_quality(job, engine, wanted):
             yield AssetCheckResult(
-                asset_key=AssetKey(sink),
+                asset_key=AssetKey(outcome.sink),
                 check_name=CHECK_NAME,
+                passed=outcome.passed,
+                description=outcome.description,
+                metadata=outcome.metadata,
+            )
+
+    return [_quality]
+
+
+@dataclass(frozen=True)
+class QualityOutcome:
+    """The quality check's result for one sink: counts only, never row values."""
+
+    sink: str
+    passed: bool
+    description: str | None
+    metadata: dict[str, Any]
+
+
+def run_quality(job: Job, engine: Engine, sinks: Iterable[str]) -> list[QualityOutcome]:
+    """Run the job's suites for `sinks` (the names of sink assets) on `engine`'s session.
+
+    The suites and their rules come from the job's definition (`quality_targets`).
+    """
+    from onceflow.quality import validate
+    from onceflow.validation import quality_targets
+
+    wanted = set(sinks)
+    engine.prepare()
+    targets = [t for t in quality_targets(engine) if t.sink in wanted]
+    docs = engine.settings.home / "data_docs" / job.name
+    report = validate(job.name, targets, dsn=engine.dsn, spark=engine.spark, data_docs_dir=docs)
+    outcomes = []
+    for sink in sorted(wanted):
+        results = [r for r in report.results if r.sink == sink]
+        failed = [r for r in results if not r.passed]
+        metadata: dict[str, Any] = {
+            "checks": MetadataValue.int(len(results)),
+            "failed": MetadataValue.int(len(failed)),
+            "failures": MetadataValue.json(
+                [{"check": r.check, "observed": r.observed} for r in failed]
+            ),
+            "seconds": MetadataValue.float(
+                round(_suite_seconds(report.timings, job.name, sink), 3)
+            ),
+        }
+        if report.data_docs:
+            metadata["data_docs"] = MetadataValue.path(report.data_docs)
+        outcomes.append(
+            QualityOutcome(
+                sink,
                 passed=not failed,
                 description=None if results else "no rules declared for this sink",
                 metadata=metadata,
             )
-
-    return [_quality]
+        )
+    return outcomes
 
 
 def _suite_seconds(timings: dict[str, float], job: str, sink: str) -> float:

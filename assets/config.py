@@ -2,10 +2,32 @@
 
 from __future__ import annotations
 
+import os
 from typing import Literal
 
 from dagster import Config
 from pydantic import Field
+
+from onceflow.errors import ConfigurationError
+
+DELIVERY_ENV = "ONCEFLOW_DELIVERY"
+DELIVERIES = ("follow", "runs")
+
+
+def delivery() -> Literal["follow", "runs"]:
+    """How the new-data sensor brings new input to the sinks, from `ONCEFLOW_DELIVERY`:
+
+    - `follow` (default): one follow run per job, started when input is waiting; it commits
+      each new file within seconds and makes way for any other run of the job.
+    - `runs`: one run of the job per batch of new input (a run's start, seconds, per batch).
+    """
+    value = os.environ.get(DELIVERY_ENV, "").strip().lower() or "follow"
+    if value not in DELIVERIES:
+        raise ConfigurationError(
+            f"{DELIVERY_ENV}={value!r} is not a delivery: set it to one of "
+            f"{', '.join(DELIVERIES)}, or leave it unset for follow."
+        )
+    return value  # type: ignore[return-value]
 
 
 class WindowRunConfig(Config):

@@ -38,7 +38,8 @@ from assets.catalog import (
     table_metadata,
 )
 from assets.checks import CHECK_NAME, build_freshness_checks, build_quality_checks
-from assets.config import RecoveryConfig, WindowRunConfig
+from assets.config import RecoveryConfig, WindowRunConfig, delivery
+from assets.follow import build_follow_job
 from assets.runs import (
     TRANSIENT_RETRY_POLICY,
     at_boundary,
@@ -135,6 +136,14 @@ def build_job_assets(job: Job, upstream: Mapping[str, AssetKey] | None = None) -
             "reconciles."
         ),
     )
+    follow_job = build_follow_job(
+        job,
+        [spec.key for spec in sinks.specs],
+        pool_name(job),
+        jobs=[run_job.name, recovery_job.name],
+        assets=[*(spec.key for spec in sinks.specs), recovery.key],
+    )
+    trigger = follow_job if delivery() == "follow" else run_job
     return JobDefs(
         assets=[a for a in (source, sinks, recovery) if a is not None],
         checks=[
@@ -142,7 +151,7 @@ def build_job_assets(job: Job, upstream: Mapping[str, AssetKey] | None = None) -
             *freshness,
         ],
         sensors=[
-            build_new_data_sensor(job, run_job, tags, observe=observed),
+            build_new_data_sensor(job, trigger, tags, observe=observed),
             build_failure_sensor(job, recovery_job),
             build_quality_sensor(
                 job,
@@ -151,7 +160,7 @@ def build_job_assets(job: Job, upstream: Mapping[str, AssetKey] | None = None) -
                 recovery.op.name,
             ),
         ],
-        jobs=[run_job, recovery_job],  # type: ignore[list-item]
+        jobs=[run_job, recovery_job, follow_job],  # type: ignore[list-item]
         schedules=[build_reconcile_schedule(job, recovery_job)],
     )
 

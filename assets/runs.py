@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -45,21 +45,41 @@ def at_boundary(fn: Callable[..., T]) -> Callable[..., T]:
             return fn(*args, **kwargs)
         except (Failure, RetryRequested):
             raise
-        except OnceflowError as exc:
-            raise Failure(
-                description=redact(exc.message),
-                metadata={"error": type(exc).__name__, "retryable": exc.retryable},
-                allow_retries=exc.retryable,
-            ) from (exc if exc.retryable else None)
         except Exception as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            raise Failure(
-                description=f"unexpected {type(exc).__name__}: {redact(first)[:500]}",
-                metadata={"error": type(exc).__name__, "retryable": False},
-                allow_retries=False,
-            ) from exc
+            raise as_failure(exc) from _cause(exc)
 
     return wrapper
+
+
+def iter_at_boundary(events: Iterator[T]) -> Iterator[T]:
+    """`at_boundary` for a step that yields its events as it goes."""
+    try:
+        yield from events
+    except (Failure, RetryRequested):
+        raise
+    except Exception as exc:
+        raise as_failure(exc) from _cause(exc)
+
+
+def _cause(exc: Exception) -> Exception | None:
+    """What the failure chains to: not a known, final error, whose message says it all."""
+    return None if isinstance(exc, OnceflowError) and not exc.retryable else exc
+
+
+def as_failure(exc: Exception) -> Failure:
+    """The step failure for `exc`, retried by the step's policy only when it is transient."""
+    if isinstance(exc, OnceflowError):
+        return Failure(
+            description=redact(exc.message),
+            metadata={"error": type(exc).__name__, "retryable": exc.retryable},
+            allow_retries=exc.retryable,
+        )
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return Failure(
+        description=f"unexpected {type(exc).__name__}: {redact(first)[:500]}",
+        metadata={"error": type(exc).__name__, "retryable": False},
+        allow_retries=False,
+    )
 
 
 @dataclass

@@ -369,6 +369,7 @@ class Engine:
         poll_interval_s: float = 1.0,
         stop: threading.Event | None = None,
         on_window: Callable[[WindowResult], None] | None = None,
+        on_idle: Callable[[], None] | None = None,
         max_windows: int | None = None,
     ) -> RunResult:
         """Replay pending windows, then plan and commit windows for all visible new input.
@@ -380,6 +381,8 @@ class Engine:
             poll_interval_s: How often `follow` looks for new input.
             stop: Set it to end a `follow` run after the current window.
             on_window: Called after each window.
+            on_idle: Called by `follow` each time a look for new input found none, before it
+                waits: work that must not overlap a commit (checks) can run there.
             max_windows: Plan at most this many new windows (0: only replay pending ones).
         """
         if max_units_per_window is not None and max_units_per_window < 1:
@@ -401,7 +404,7 @@ class Engine:
         stop = stop or threading.Event()
         planned = 0
         while max_windows is None or planned < max_windows:
-            planned += self._process_all(
+            found = self._process_all(
                 self._plan_new(epoch, max_units_per_window),
                 epoch,
                 run_id,
@@ -409,9 +412,15 @@ class Engine:
                 stop=stop,
                 limit=None if max_windows is None else max_windows - planned,
             )
+            planned += found
             if not follow or stop.is_set() or (max_windows is not None and planned >= max_windows):
                 break
-            stop.wait(poll_interval_s)
+            if found:
+                continue  # more may have landed while these committed: look again at once
+            if on_idle is not None:
+                on_idle()
+            if stop.wait(poll_interval_s):
+                break
         return result
 
     def unplanned_units(self) -> list[str]:
