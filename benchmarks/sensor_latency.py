@@ -1,4 +1,8 @@
-"""Latency from a new landing file to its rows in every sink, under `dagster dev`'s new-data sensor."""
+"""Latency from a new landing file to its rows in every sink, under `dagster dev`'s new-data sensor.
+
+`--delivery follow` (the default, as shipped): the sensor starts one follow run, which commits
+each file as it lands. `--delivery runs`: the sensor starts one run per new file.
+"""
 
 from __future__ import annotations
 
@@ -39,6 +43,7 @@ class Sample:
     landed: float  # the file's rename into the landing folder (its inode ctime)
     visible: float  # every sink holds the file's window, as polled
     window_id: int
+    planned: float = float("nan")  # the ledger planned the file's window
     run_id: str = ""
     created: float = float("nan")  # the sensor created the run (queued)
     started: float = float("nan")  # the run worker started
@@ -156,9 +161,7 @@ class DagsterDev:
             + ", sensorName: $name}) { ... on Sensor { sensorState { id } } } }",
             name=name,
         )["sensorOrError"]["sensorState"]
-        self.graphql(
-            "mutation($id: String) { stopSensor(id: $id) { __typename } }", id=state["id"]
-        )
+        self.graphql("mutation($id: String) { stopSensor(id: $id) { __typename } }", id=state["id"])
 
     def stop_schedule(self, name: str) -> None:
         state = self.graphql(_SCHEDULE, name=name)["scheduleOrError"]["scheduleState"]
@@ -217,6 +220,14 @@ class Sinks:
         self.lake = lake
         self.delta_app = delta_app_id(JOB, DELTA_SINK)
 
+    def planned_at(self, window: int) -> float:
+        row = self.conn.execute(
+            "SELECT extract(epoch FROM planned_at) FROM onceflow.windows"
+            " WHERE job = %s AND window_id = %s",
+            (JOB, window),
+        ).fetchone()
+        return float(row[0]) if row else float("nan")
+
     def window_of(self, file: str) -> int | None:
         try:
             row = self.conn.execute(
@@ -263,7 +274,14 @@ def measure(sinks: Sinks, landing: Path, seed: int, timeout_s: float) -> Sample:
     landed = written.stat().st_ctime  # a rename sets the inode's ctime: the instant it landed
     file = f"{JOB}/{written.name}"
     window = wait_for(f"{file} in every sink", lambda: sinks.holds(file), timeout_s)
-    return Sample(file=file, landed=landed, visible=time.time(), window_id=window)
+    visible = time.time()
+    return Sample(
+        file=file,
+        landed=landed,
+        visible=visible,
+        window_id=window,
+        planned=sinks.planned_at(window),
+    )
 
 
 def add_runs(dev: DagsterDev, samples: list[Sample]) -> None:
@@ -294,6 +312,22 @@ def report(samples: list[Sample], warmup: Sample, args: argparse.Namespace) -> N
         )
 
     pace = "after the previous run ended" if args.wait_run_end else "once the previous was visible"
+    if args.delivery == "follow":
+        spark = "Spark Connect server" if args.spark_server else "the follow run's Spark session"
+        print(
+            f"\nnew file (500 payments) -> rows in every sink: {len(samples)} files, each dropped "
+            f"once the previous was visible; one follow run; {spark}; {os.cpu_count()} cores"
+        )
+        print(line("total: rename -> in every sink", [s.total for s in samples]))
+        print(line("  rename -> window planned", [s.planned - s.landed for s in samples]))
+        print(
+            line("  planned -> in every sink (as polled)", [s.visible - s.planned for s in samples])
+        )
+        print(f"  warm-up file (starts the follow run), not counted: {warmup.total:.1f}s")
+        print("\n  window  total  planned")
+        for s in samples:
+            print(f"  {s.window_id:6d} {s.total:6.1f} {s.planned - s.landed:8.1f}")
+        return
     spark = "Spark Connect server" if args.spark_server else "a Spark JVM per run step"
     print(
         f"\nnew file (500 payments) -> rows in every sink: {len(samples)} files, each dropped "
@@ -328,6 +362,12 @@ def main(argv: list[str] | None = None) -> int:
         help="drop each file after the previous run ended (its checks too), not once visible",
     )
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
+    parser.add_argument(
+        "--delivery",
+        choices=("follow", "runs"),
+        default="follow",
+        help="one follow run (default, as shipped), or one run per new file",
+    )
     parser.add_argument(
         "--with-downstream",
         action="store_true",
@@ -365,6 +405,7 @@ def main(argv: list[str] | None = None) -> int:
             "ONCEFLOW_LAKE": str(lake),
             "ONCEFLOW_LANDING": str(landing),
             "ONCEFLOW_SENSOR_INTERVAL_S": str(args.sensor_interval),
+            "ONCEFLOW_DELIVERY": args.delivery,
             "PYSPARK_PYTHON": sys.executable,
             "GX_ANALYTICS_ENABLED": "false",
             "DAGSTER_DISABLE_TELEMETRY": "1",
@@ -393,11 +434,13 @@ def main(argv: list[str] | None = None) -> int:
             sample = measure(sinks, landing, seed=i, timeout_s=args.timeout)
             samples.append(sample)
             print(f"file {i}/{args.files}: {sample.total:.1f}s", file=sys.stderr)
-            if args.wait_run_end:
+            if args.wait_run_end and args.delivery == "runs":
                 add_runs(dev, samples[-1:])
-        add_runs(dev, samples)
+        if args.delivery == "runs":
+            add_runs(dev, samples)
         report(samples[1:], samples[0], args)
-        others = [r for r in dev.runs() if r["jobName"] != f"{JOB}_job"]
+        mine = f"{JOB}_follow_job" if args.delivery == "follow" else f"{JOB}_job"
+        others = [r for r in dev.runs() if r["jobName"] != mine]
         if others:
             print(f"  other runs meanwhile: {[(r['jobName'], r['status']) for r in others]}")
     finally:

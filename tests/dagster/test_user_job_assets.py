@@ -57,7 +57,11 @@ def test_user_job_materialises_exactly(
     source, sinks, recovery = built.assets
     assert source.key == AssetKey("orders_landing")
     assert {k.to_user_string() for k in sinks.keys} == set(ORDERS_SINKS)
-    assert {j.name for j in built.jobs} == {"orders_job", "orders_recovery_job"}
+    assert {j.name for j in built.jobs} == {
+        "orders_job",
+        "orders_recovery_job",
+        "orders_follow_job",
+    }
 
     write_orders(landing)
     result = materialize(

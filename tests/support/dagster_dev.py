@@ -228,6 +228,25 @@ class DagsterDev:
         )["runsOrError"]
         return [dict(r, tags={t["key"]: t["value"] for t in r["tags"]}) for r in data["results"]]
 
+    def launch(self, job: str, run_config: Mapping[str, Any]) -> str:
+        """Launch a run of `job` as the launchpad does; return its id."""
+        out = self.graphql(
+            """mutation($params: ExecutionParams!) { launchRun(executionParams: $params) {
+                __typename ... on LaunchRunSuccess { run { runId } }
+                ... on PythonError { message }
+                ... on RunConfigValidationInvalid { errors { message } } } }""",
+            params={
+                "selector": {
+                    "repositoryLocationName": LOCATION,
+                    "repositoryName": "__repository__",
+                    "jobName": job,
+                },
+                "runConfigData": dict(run_config),
+            },
+        )["launchRun"]
+        assert out["__typename"] == "LaunchRunSuccess", out
+        return str(out["run"]["runId"])
+
     def run(self, run_id: str) -> dict[str, Any]:
         (found,) = [r for r in self.runs() if r["runId"] == run_id]
         return found
