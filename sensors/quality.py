@@ -185,6 +185,15 @@ def build_quality_sensor(
             for r in history[key]
             if _status(r) == _FAILED and r.id not in state.done
         ]
+        # A run that evaluates a check more than once (a follow run) updates its one execution
+        # in place, keeping its id: a failure after a pass the cursor already went by shows
+        # only as the check's latest execution. Its run's chain, and the run key, keep it to
+        # one recovery.
+        failed += [
+            r
+            for r in latest.values()
+            if _status(r) == _FAILED and r.id <= state.after and r.id not in state.done
+        ]
         # A failure its check has passed since (after some repair) needs no recovery any more.
         current = [r for r in failed if passed[r.key] < r.id]
         by_run: dict[str, list[Any]] = {}

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
 from dagster import (
+    AssetCheckEvaluation,
     AssetCheckKey,
     AssetCheckResult,
     AssetKey,
@@ -15,7 +19,9 @@ from dagster import (
     asset,
     asset_check,
     build_sensor_context,
+    job,
     materialize,
+    op,
 )
 
 import definitions
@@ -124,7 +130,7 @@ def test_quality_sensor_cursor_on_check_history(instance: DagsterInstance) -> No
     def _check() -> AssetCheckResult:
         return AssetCheckResult(passed=outcome["passed"])
 
-    _run_job, recovery_job = build_job_assets(get_job("payments")).jobs
+    _run_job, recovery_job, _follow_job = build_job_assets(get_job("payments")).jobs
     sensor = build_quality_sensor(
         get_job("payments"),
         recovery_job,
@@ -159,4 +165,44 @@ def test_quality_sensor_cursor_on_check_history(instance: DagsterInstance) -> No
     requests, cursor = _tick(sensor, instance, cursor)
     assert [r.tags["onceflow/check_run_id"] for r in requests] == runs
     assert len({r.run_key for r in requests}) == 2
+    assert _tick(sensor, instance, cursor)[0] == []
+
+    # One run evaluating the check twice (as a follow run does): passed, seen by a tick, then
+    # failed. Dagster updates the run's one execution in place, behind the sensor's cursor.
+    go_on = threading.Event()
+
+    @op(out={})
+    def _evaluate_twice() -> Iterator[AssetCheckEvaluation]:
+        key = AssetKey("pg_payments")
+        yield AssetCheckEvaluation(asset_key=key, check_name="quality", passed=True)
+        assert go_on.wait(60)
+        yield AssetCheckEvaluation(asset_key=key, check_name="quality", passed=False)
+
+    @job
+    def _checks_twice() -> None:
+        _evaluate_twice()
+
+    done: list = []
+    runner = threading.Thread(
+        target=lambda: done.append(_checks_twice.execute_in_process(instance=instance)), daemon=True
+    )
+    runner.start()
+    key = AssetCheckKey(AssetKey("pg_payments"), "quality")
+
+    def latest_status() -> str | None:
+        found = instance.event_log_storage.get_latest_asset_check_execution_by_key([key])
+        record = found.get(key)
+        return str(record.status.value) if record else None
+
+    deadline = time.monotonic() + 60
+    while latest_status() != "SUCCEEDED":
+        assert time.monotonic() < deadline, "the first evaluation never arrived"
+        time.sleep(0.2)
+    requests, cursor = _tick(sensor, instance, cursor)
+    assert requests == []
+    go_on.set()
+    runner.join(60)
+    assert done and done[0].success
+    requests, cursor = _tick(sensor, instance, cursor)
+    assert [r.tags["onceflow/check_run_id"] for r in requests] == [done[0].run_id]
     assert _tick(sensor, instance, cursor)[0] == []
