@@ -56,6 +56,8 @@ _WAITING = [
 ]
 # How often the follow run looks for another run of its job, in seconds.
 HAND_OVER_EVERY_S = 2.0
+# How long the op waits for the engine to finish its window once told to stop.
+STOP_TIMEOUT_S = 300.0
 
 
 class FollowConfig(Config):
@@ -150,6 +152,13 @@ def _follow_events(
     # When the engine last found no new input, after the last window (None: at work).
     idle_since: list[float | None] = [None]
 
+    handing_over = threading.Event()
+
+    def committed(window: WindowResult) -> None:
+        checker.committed()
+        idle_since[0] = None
+        events.put(window)
+
     def idle() -> None:
         checker.maybe_run()  # work too: the idle time starts after it
         idle_since[0] = idle_since[0] or time.monotonic()
@@ -162,10 +171,11 @@ def _follow_events(
                 follow=True,
                 poll_interval_s=config.poll_interval_s,
                 stop=stop,
-                on_window=lambda window: events.put(window),
+                on_window=committed,
                 on_idle=idle,
             )
-            checker.maybe_run(final=True)
+            if not handing_over.is_set():  # the run waiting for the job has its own checks
+                checker.maybe_run(final=True)
         except BaseException as exc:  # handed to the op's thread, which raises it
             failure.append(exc)
         finally:
@@ -183,8 +193,6 @@ def _follow_events(
             if item is _DONE:
                 break
             if isinstance(item, WindowResult):
-                checker.committed()
-                idle_since[0] = None
                 yield from _window_events(engine, item, keys)
             elif item is not None:
                 yield item
@@ -195,16 +203,23 @@ def _follow_events(
             waiting = _waiting_run(context, engine.job.name, others)
             if waiting is not None:
                 context.log.info(f"run {waiting} of {engine.job.name} is waiting: making way")
+                handing_over.set()
                 stop.set()
             elif (since := idle_since[0]) and now - since >= config.stop_after_idle_s > 0:
                 context.log.info(f"no new input for {config.stop_after_idle_s:g}s: ending")
                 stop.set()
     finally:
-        # Terminated from the UI, or failing: the engine stops after the window it is in.
+        # Terminated from the UI, or failing: the engine stops after the window it is in. A
+        # window is seconds; an engine stuck past this bound dies with the run's process.
         stop.set()
-        worker.join()
+        worker.join(STOP_TIMEOUT_S)
     if failure:
         raise failure[0]
+    if worker.is_alive():
+        raise TimeoutError(
+            f"{engine.job.name}: the engine did not finish its window within {STOP_TIMEOUT_S:g}s"
+            " of being told to stop; the next run replays it"
+        )
 
 
 _DONE = object()
