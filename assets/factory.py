@@ -151,7 +151,13 @@ def build_job_assets(job: Job, upstream: Mapping[str, AssetKey] | None = None) -
             *freshness,
         ],
         sensors=[
-            build_new_data_sensor(job, trigger, tags, observe=observed),
+            build_new_data_sensor(
+                job,
+                trigger,
+                tags,
+                observe=observed,
+                resume=follow_job.name if trigger is follow_job else None,
+            ),
             build_failure_sensor(job, recovery_job),
             build_quality_sensor(
                 job,

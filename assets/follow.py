@@ -44,6 +44,7 @@ from onceflow.lineage import lineage
 from resources import OnceflowSettingsResource, PostgresResource, SparkResource
 from resources._annotations import typed
 from sensors.failure import JOB_TAG, KIND_TAG
+from sensors.new_data import FOLLOW_END_TAG, MADE_WAY
 from sensors.observation import DATA_VERSION_TAG
 
 FOLLOW_KIND = "follow"
@@ -220,6 +221,10 @@ def _follow_events(
             f"{engine.job.name}: the engine did not finish its window within {STOP_TIMEOUT_S:g}s"
             " of being told to stop; the next run replays it"
         )
+    # The new-data sensor starts a follow run that made way again once the other run is over.
+    context.instance.add_run_tags(
+        context.run_id, {FOLLOW_END_TAG: MADE_WAY if handing_over.is_set() else "idle"}
+    )
 
 
 _DONE = object()

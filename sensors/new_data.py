@@ -40,6 +40,9 @@ IN_FLIGHT = [
 DEFAULT_INTERVAL_S = 30
 # Set by Dagster's retry daemon on a failed run once its retry exists.
 AUTO_RETRY_RUN_TAG = "dagster/auto_retry_run_id"
+# Set by a follow run when it ends: `made_way` (for another run of the job) or `idle`.
+FOLLOW_END_TAG = "onceflow/follow_end"
+MADE_WAY = "made_way"
 # How long a failed run marked for retry, whose retry does not exist yet, counts as in flight.
 # The daemon creates retries within seconds (it reads run failures every 5 s); past this, the
 # retry is taken as lost and the sensor requests a run itself.
@@ -62,6 +65,7 @@ def build_new_data_sensor(
     *,
     interval_s: int | None = None,
     observe: AssetKey | None = None,
+    resume: str | None = None,
 ) -> SensorDefinition:
     """A sensor requesting a run of `target` while the job has work the ledger has not done,
     and observing the job's source asset `observe` (when given) whenever its data version
@@ -74,6 +78,10 @@ def build_new_data_sensor(
     to the next request rather than behind. While a run of the job is queued or in progress, or
     has just failed and Dagster is about to retry it, no new run is requested (that run, or the
     retry, takes the work). The interval defaults to `default_interval_s()`.
+
+    `resume`: the job's follow job, when `target` is it. A follow run that made way for another
+    run of the job (a backfill, a recovery) is started again once that run is over, with or
+    without pending work, so the next file does not wait for a run's start.
     """
 
     @sensor(
@@ -99,7 +107,7 @@ def build_new_data_sensor(
             if observed_version(seen) != context.cursor:
                 events, cursor = [seen], observed_version(seen)
         engine = build_engine(job, settings, None, postgres.resolve(settings.home))
-        request, reason = _decide(context, job, tags, pending_work(engine))
+        request, reason = _decide(context, job, tags, pending_work(engine), resume)
         return SensorResult(
             run_requests=[request] if request is not None else None,
             skip_reason=reason,
@@ -111,10 +119,14 @@ def build_new_data_sensor(
 
 
 def _decide(
-    context: SensorEvaluationContext, job: Job, tags: Mapping[str, str], work: PendingWork
+    context: SensorEvaluationContext,
+    job: Job,
+    tags: Mapping[str, str],
+    work: PendingWork,
+    resume: str | None = None,
 ) -> tuple[RunRequest | None, str | None]:
     """The run to request for the job's pending `work`, or why none."""
-    if not work.any:
+    if not work.any and not (resume and _made_way(context, resume)):
         return None, f"{job.name}: no unplanned input and no pending window"
     busy = context.instance.get_run_records(
         RunsFilter(tags={JOB_TAG: job.name}, statuses=IN_FLIGHT), limit=1
@@ -138,6 +150,15 @@ def _decide(
         },
     )
     return request, None
+
+
+def _made_way(context: SensorEvaluationContext, follow_job: str) -> bool:
+    """Whether the newest run of `follow_job` ended well, making way for another run."""
+    records = context.instance.get_run_records(RunsFilter(job_name=follow_job), limit=1)
+    if not records:
+        return False
+    run = records[0].dagster_run
+    return run.status == DagsterRunStatus.SUCCESS and run.tags.get(FOLLOW_END_TAG) == MADE_WAY
 
 
 def _awaiting_retry(context: SensorEvaluationContext, job: Job) -> str | None:

@@ -86,6 +86,7 @@ def test_follow_run_commits_files_as_they_land_and_reports_each_window(
         },
     )
     assert result.success
+    assert instance.get_run_by_id(result.run_id).tags["onceflow/follow_end"] == "idle"
     assert not second and not third, second + third
     assert _windows_committed(pg_dsn) == 3
     assert_exact(expected_outputs(landing), actual_outputs(pg_dsn, lake))
@@ -156,6 +157,8 @@ def test_follow_run_makes_way_for_a_waiting_run_of_the_job(
     assert time.monotonic() - started < 120
     logs = "\n".join(e.user_message for e in instance.all_logs(result.run_id))
     assert f"run {waiting.run_id} of payments is waiting: making way" in logs
+    # The new-data sensor reads this to start the next follow run once the other has run.
+    assert instance.get_run_by_id(result.run_id).tags["onceflow/follow_end"] == "made_way"
     assert_exact(expected_outputs(landing), actual_outputs(pg_dsn, lake))
 
 

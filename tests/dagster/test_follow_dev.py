@@ -1,6 +1,7 @@
 """The follow run as shipped, under a real `dagster dev` with the shipped `dagster.yaml`: the
 new-data sensor starts it; it commits files as they land; it makes way for a backfill launched
-like the launchpad does; its run worker, killed with SIGKILL, costs nothing lost or doubled."""
+like the launchpad does and follows again after it; its run worker, killed with SIGKILL, costs
+nothing lost or doubled."""
 
 from __future__ import annotations
 
@@ -88,12 +89,14 @@ def test_follow_run_commits_makes_way_and_survives_a_killed_worker(
             wait_run(dev, "the backfill", status_of(backfill, ("SUCCESS",)), START_TIMEOUT_S * 2)
             assert dev.run(first["runId"])["status"] == "SUCCESS"
 
-            # The next input brings the next follow run; its worker dies with SIGKILL while
-            # more input lands. Dagster's run retry and the failure sensor's recovery follow.
-            land(landing, seed=23)
+            # The backfill over, the sensor starts following again, with no input waiting.
             second = wait_run(
                 dev, "the next follow run", _follow_run({first["runId"]}), START_TIMEOUT_S
             )
+            assert second["tags"]["onceflow/unplanned_units"] == "0", second["tags"]
+            # It commits the next input; its worker dies with SIGKILL while more input lands.
+            # Dagster's run retry and the failure sensor's recovery follow.
+            land(landing, seed=23)
             wait_for("the third files in every sink", lambda: _all_in(probe), DONE_TIMEOUT_S, 1)
             kill_tree(run_worker(dev, second["runId"]))
             land(landing, seed=24)

@@ -111,6 +111,42 @@ def test_new_data_sensor_follows_the_ledger_and_recovery_commits_unplanned_input
     assert tick() == []  # nothing left to do
 
 
+def test_new_data_sensor_restarts_a_follow_run_that_made_way(
+    resources: dict, instance: DagsterInstance, landing: Path
+) -> None:
+    sensor = definitions.build_defs(resources).resolve_sensor_def("payments_new_data_sensor")
+    assert sensor.job_name == "payments_follow_job"
+    context = {"onceflow": resources["onceflow"], "postgres": resources["postgres"]}
+
+    def tick() -> list:
+        out = sensor(build_sensor_context(instance=instance, resources=context))
+        return [] if isinstance(out, SkipReason) else list(out.run_requests or [])
+
+    def follow_ended(how: str, status: DagsterRunStatus = DagsterRunStatus.SUCCESS) -> None:
+        instance.add_run(
+            DagsterRun(
+                job_name="payments_follow_job",
+                status=status,
+                tags={"onceflow/job": "payments", "onceflow/follow_end": how},
+            )
+        )
+
+    assert tick() == []  # no input, no follow run yet: nothing to do
+    follow_ended("idle")
+    assert tick() == []  # it ended for want of input: the next input starts the next one
+    follow_ended("made_way")
+    backfill = DagsterRun(
+        job_name="payments_job", status=DagsterRunStatus.STARTED, tags={"onceflow/job": "payments"}
+    )
+    instance.add_run(backfill)
+    assert tick() == []  # the run it made way for is still going
+    instance.delete_run(backfill.run_id)
+    (request,) = tick()  # over: following again, with no input waiting
+    assert request.tags["onceflow/unplanned_units"] == "0"
+    follow_ended("made_way", DagsterRunStatus.CANCELED)
+    assert tick() == []  # terminated by an operator: not restarted until input lands
+
+
 def test_new_data_sensor_leaves_the_work_to_dagsters_coming_retry(
     instance: DagsterInstance, pg_dsn: str, lake: Path, landing: Path, tmp_path: Path
 ) -> None:
