@@ -24,8 +24,12 @@ SINKS = {"lake_payments", "pg_payments", "pg_merchant_balances", "pg_quarantine"
 
 
 @pytest.fixture()
-def instance():
-    with DagsterInstance.ephemeral() as inst:
+def instance(tmp_path: Path):
+    # On disk, as `dagster dev` has it: the tests add runs from a second thread while a run
+    # executes, which would lock an ephemeral instance's in-memory SQLite.
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    with DagsterInstance.local_temp(tempdir=str(home)) as inst:
         yield inst
 
 
@@ -176,3 +180,45 @@ def test_follow_is_the_default_delivery_and_a_bad_one_fails_at_load(
     monkeypatch.setenv("ONCEFLOW_DELIVERY", "stream")
     with pytest.raises(ConfigurationError, match="ONCEFLOW_DELIVERY='stream' is not a delivery"):
         definitions.build_defs()
+
+
+def test_a_downstream_job_follows_the_table_it_reads(
+    resources: dict, instance: DagsterInstance, pg_dsn: str, lake: Path, landing: Path
+) -> None:
+    """daily_totals reads the payments Delta table by version: its follow run takes each new
+    version as the payments follow run commits it."""
+    from tests.support.daily_totals_oracle import assert_totals_exact, totals_from_landing
+
+    defs = definitions.build_defs(resources)
+    payments = defs.resolve_job_def("payments_follow_job")
+    totals = defs.resolve_job_def("daily_totals_follow_job")
+    config = {"stop_after_idle_s": 6, "check_every_s": 0, "poll_interval_s": 0.2}
+    _land(landing, 1)
+    done: list = []
+
+    def follow_payments() -> None:
+        try:
+            done.append(
+                payments.execute_in_process(
+                    instance=instance, run_config={"ops": {"payments_follow": {"config": config}}}
+                )
+            )
+        except BaseException as exc:
+            done.append(exc)
+
+    upstream = threading.Thread(target=follow_payments, daemon=True)
+    upstream.start()
+    second = _later(lambda: _windows_committed(pg_dsn) >= 1, lambda: _land(landing, 2))
+    result = totals.execute_in_process(
+        instance=instance,
+        run_config={
+            "ops": {"daily_totals_follow": {"config": {**config, "stop_after_idle_s": 20}}}
+        },
+    )
+    upstream.join(300)
+    assert done and not isinstance(done[0], BaseException), done
+    assert done[0].success and result.success and not second
+    assert_exact(expected_outputs(landing), actual_outputs(pg_dsn, lake))
+    assert_totals_exact(totals_from_landing(landing), pg_dsn, "daily_totals follow run")
+    mats = result.asset_materializations_for_node("daily_totals_follow")
+    assert mats and all(m.metadata["mode"].value == "follow" for m in mats)
