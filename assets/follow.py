@@ -37,7 +37,7 @@ from pydantic import Field
 
 from assets.catalog import LINEAGE_WINDOWS, lineage_table
 from assets.checks import CHECK_NAME, run_quality
-from assets.runs import RunReport, iter_at_boundary, sink_metadata
+from assets.runs import TRANSIENT_RETRY_POLICY, RunReport, iter_at_boundary, sink_metadata
 from onceflow.engine import Engine, WindowResult, build_engine
 from onceflow.job import Job
 from onceflow.lineage import lineage
@@ -101,6 +101,7 @@ def build_follow_job(
         tags={JOB_TAG: job.name},
         out={},  # it reports materialisations and check evaluations, and returns nothing
         pool=pool,
+        retry_policy=TRANSIENT_RETRY_POLICY,
         description=(
             f"Commits {job.name}'s new input as it lands, until another run of the job waits."
         ),
