@@ -241,12 +241,26 @@ class Operator:
         """The job's page → the menu beside "Materialize all" → "Open launchpad"."""
         self.browser.goto(f"{self.url}/locations/onceflow/jobs/{RUN_JOB}")
         self.browser.wait_text(RUN_JOB, *SINKS, "Materialize all")
-        self.browser.click_element(
-            "the menu beside 'Materialize all'",
-            "(() => { const bs = [...document.querySelectorAll('button')];"
-            " const i = bs.findIndex(b => b.innerText.trim() === 'Materialize all');"
-            " return i < 0 ? null : bs[i + 1]; })()",
+        item = (
+            "[...document.querySelectorAll('[role=menuitem]')]"
+            ".find(b => b.innerText.trim() === 'Open launchpad')"
         )
+
+        def menu_open() -> bool:
+            # A click that lands before the page's handlers are attached opens nothing:
+            # click the opener again until the menu shows.
+            self.browser.click_element(
+                "the menu beside 'Materialize all'",
+                "(() => { const bs = [...document.querySelectorAll('button')];"
+                " const i = bs.findIndex(b => b.innerText.trim() === 'Materialize all');"
+                " return i < 0 ? null : bs[i + 1]; })()",
+            )
+            try:
+                return bool(self.browser.wait_js("the menu", f"!!{item}", 5))
+            except TimeoutError:
+                return False
+
+        wait_for("the menu beside 'Materialize all'", menu_open, PAGE_TIMEOUT_S, 0.5)
         self.browser.click_menu_item("Open launchpad")
         self.browser.wait_js("the launchpad's config editor", f"!!{EDITOR}")
         self.browser.wait_text("Launchpad", "Materialize")
