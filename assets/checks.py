@@ -16,6 +16,7 @@ from dagster import (
     multi_asset_check,
 )
 
+from assets.runs import make_engine
 from onceflow.engine import Engine, build_engine
 from onceflow.job import Job
 from resources import OnceflowSettingsResource, PostgresResource, SparkResource
@@ -51,8 +52,7 @@ def build_quality_checks(job: Job, keys: Sequence[AssetKey]) -> list[AssetChecks
         postgres: PostgresResource,
         onceflow: OnceflowSettingsResource,
     ) -> Iterator[AssetCheckResult]:
-        settings = onceflow.settings()
-        engine = build_engine(job, settings, spark.spark_session, postgres.resolve(settings.home))
+        engine = make_engine(job, spark, postgres, onceflow)
         wanted = {key.asset_key.to_user_string() for key in context.selected_asset_check_keys}
         for outcome in run_quality(job, engine, wanted):
             yield AssetCheckResult(

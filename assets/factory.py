@@ -43,11 +43,12 @@ from assets.follow import build_follow_job
 from assets.runs import (
     TRANSIENT_RETRY_POLICY,
     at_boundary,
+    make_engine,
     open_items_metadata,
     run_windows,
     sink_metadata,
 )
-from onceflow.engine import Engine, build_engine
+from onceflow.engine import Engine
 from onceflow.job import Job
 from onceflow.lineage import lineage
 from onceflow.windows import format_windows
@@ -76,17 +77,6 @@ def source_key(job: Job) -> AssetKey:
 
 def sink_key(sink_name: str) -> AssetKey:
     return AssetKey(sink_name)
-
-
-def make_engine(
-    job: Job,
-    spark: SparkResource,
-    postgres: PostgresResource,
-    onceflow: OnceflowSettingsResource,
-) -> Engine:
-    """The engine for one run of `job` on the run's resources."""
-    settings = onceflow.settings()
-    return build_engine(job, settings, spark.spark_session, postgres.resolve(settings.home))
 
 
 def lake_tables(jobs: Sequence[Job]) -> dict[str, AssetKey]:

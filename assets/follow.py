@@ -37,8 +37,14 @@ from pydantic import Field
 
 from assets.catalog import LINEAGE_WINDOWS, lineage_table
 from assets.checks import CHECK_NAME, run_quality
-from assets.runs import TRANSIENT_RETRY_POLICY, RunReport, iter_at_boundary, sink_metadata
-from onceflow.engine import Engine, WindowResult, build_engine
+from assets.runs import (
+    TRANSIENT_RETRY_POLICY,
+    RunReport,
+    iter_at_boundary,
+    make_engine,
+    sink_metadata,
+)
+from onceflow.engine import Engine, WindowResult
 from onceflow.job import Job
 from onceflow.lineage import lineage
 from resources import OnceflowSettingsResource, PostgresResource, SparkResource
@@ -114,8 +120,7 @@ def build_follow_job(
         postgres: PostgresResource,
         onceflow: OnceflowSettingsResource,
     ) -> Iterator[Any]:
-        settings = onceflow.settings()
-        engine = build_engine(job, settings, spark.spark_session, postgres.resolve(settings.home))
+        engine = make_engine(job, spark, postgres, onceflow)
         yield from iter_at_boundary(_follow_events(context, config, engine, keys, waits_for))
 
     @dagster_job(

@@ -10,12 +10,14 @@ from typing import Any, TypeVar
 from dagster import Backoff, Failure, Jitter, MetadataValue, RetryPolicy, RetryRequested
 
 from assets.config import WindowRunConfig
-from onceflow.engine import Engine, WindowResult
+from onceflow.engine import Engine, WindowResult, build_engine
 from onceflow.errors import OnceflowError
+from onceflow.job import Job
 from onceflow.postgres import redact
 from onceflow.restate import restate_windows
 from onceflow.status import open_items
 from onceflow.windows import format_windows, parse_windows
+from resources import OnceflowSettingsResource, PostgresResource, SparkResource
 
 # Offsets of at most this many windows go into one materialisation's metadata.
 MAX_OFFSETS_IN_METADATA = 50
@@ -27,6 +29,17 @@ TRANSIENT_RETRY_POLICY = RetryPolicy(
 )
 
 T = TypeVar("T")
+
+
+def make_engine(
+    job: Job,
+    spark: SparkResource,
+    postgres: PostgresResource,
+    onceflow: OnceflowSettingsResource,
+) -> Engine:
+    """The engine for one run of `job` on the run's resources."""
+    settings = onceflow.settings()
+    return build_engine(job, settings, spark.spark_session, postgres.resolve(settings.home))
 
 
 def at_boundary(fn: Callable[..., T]) -> Callable[..., T]:

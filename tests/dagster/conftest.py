@@ -5,8 +5,20 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from dagster import DagsterInstance
 
 from resources import OnceflowSettingsResource, PostgresResource, SparkResource
+
+
+@pytest.fixture()
+def disk_instance(tmp_path: Path):
+    """An instance on disk, as `dagster dev` has it: SQLite storage with its event log sharded
+    by run, which also takes writes from a second thread while a run executes (an ephemeral
+    instance's in-memory SQLite locks)."""
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    with DagsterInstance.local_temp(tempdir=str(home)) as inst:
+        yield inst
 
 
 @pytest.fixture()

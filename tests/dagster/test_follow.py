@@ -24,13 +24,8 @@ SINKS = {"lake_payments", "pg_payments", "pg_merchant_balances", "pg_quarantine"
 
 
 @pytest.fixture()
-def instance(tmp_path: Path):
-    # On disk, as `dagster dev` has it: the tests add runs from a second thread while a run
-    # executes, which would lock an ephemeral instance's in-memory SQLite.
-    home = tmp_path / "dagster_home"
-    home.mkdir()
-    with DagsterInstance.local_temp(tempdir=str(home)) as inst:
-        yield inst
+def instance(disk_instance: DagsterInstance) -> DagsterInstance:
+    return disk_instance  # runs are added from a second thread while a run executes
 
 
 def _land(landing: Path, seed: int) -> None:

@@ -36,12 +36,8 @@ pytestmark = pytest.mark.dagster
 
 
 @pytest.fixture()
-def instance(tmp_path: Path):
-    # On disk, as `dagster dev` has it: SQLite storage, whose event log is sharded by run.
-    home = tmp_path / "dagster_home"
-    home.mkdir()
-    with DagsterInstance.local_temp(tempdir=str(home)) as inst:
-        yield inst
+def instance(disk_instance: DagsterInstance) -> DagsterInstance:
+    return disk_instance  # SQLite as `dagster dev` has it: an event log sharded by run
 
 
 def _tick(sensor, instance: DagsterInstance, cursor: str | None) -> tuple[list, str | None]:
