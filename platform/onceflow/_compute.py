@@ -97,16 +97,20 @@ def _parsed(
     frames = []
     for w in windows:
         if isinstance(job.parse, ArrowParse):
-            # The parse (and the key lookup) run in the source's own read step.
+            # The parse (and the key lookup) run in the source's own read step, which also
+            # adds the window's id: as data, not a literal in the plan, so each window's plan
+            # generates the same code and Spark compiles it once, not once per window.
             fn, schema = job.parse.fn, job.parse.schema
             if lookup is not None:
                 fn, schema = _chain(fn, lookup), lookup.ddl(schema)
+            fn, schema = _chain(fn, _WindowId(w.window_id)), f"{schema}, {WINDOW_COL} BIGINT"
             df = source.read_mapped(spark, settings, w.offsets, fn, schema)
         else:
             df = parse(source.read(spark, settings, w.offsets))
             if lookup is not None:
                 df = df.mapInArrow(lookup, lookup.struct(df.schema))
-        frames.append(df.withColumn(WINDOW_COL, F.lit(w.window_id).cast("bigint")))
+            df = df.withColumn(WINDOW_COL, F.lit(w.window_id).cast("bigint"))
+        frames.append(df)
     return reduce(lambda a, b: a.unionByName(b), frames)
 
 
@@ -117,6 +121,22 @@ def _chain(first: BatchFunction, then: BatchFunction) -> BatchFunction:
     return run
 
 
+@dataclass(frozen=True)
+class _WindowId:
+    """Adds WINDOW_COL, the window's id, to every batch."""
+
+    window_id: int
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import pyarrow as pa
+
+        for batch in batches:
+            ids = pa.array([self.window_id] * batch.num_rows, pa.int64())
+            yield pa.RecordBatch.from_arrays(
+                [*batch.columns, ids], schema=batch.schema.append(pa.field(WINDOW_COL, pa.int64()))
+            )
+
+
 def compute(
     spark: SparkSession,
     job: Job,
@@ -125,6 +145,7 @@ def compute(
     *,
     seen: DataFrame | None = None,
     lookup: SeenLookup | None = None,
+    window_column: bool = True,
 ) -> Computed:
     """Compute `job`'s outputs for `windows` (in window order).
 
@@ -137,9 +158,11 @@ def compute(
             (earlier or unreplayable) window; later occurrences are duplicates.
         lookup: For one window: marks the rows whose key an earlier window kept (the key
             index), which are then duplicates; the kept rows carry the key as KEY_COL.
+        window_column: Whether the transform's outputs get WINDOW_COL (the quarantine output
+            always has it).
 
     Returns:
-        The parsed and kept rows (cached) and every output, lazily, with WINDOW_COL.
+        The parsed and kept rows (cached, with WINDOW_COL) and every output, lazily.
     """
     from pyspark.sql import Window as W
     from pyspark.sql import functions as F
@@ -180,12 +203,15 @@ def compute(
     kept = valid.persist(StorageLevel.MEMORY_AND_DISK)
     parts: dict[str, list[DataFrame]] = {}
     for window in windows:
-        rows = kept.where(F.col(WINDOW_COL) == window.window_id).drop(WINDOW_COL, KEY_COL, SEEN_COL)
+        # One window: every kept row is its own, so no per-window literal enters the plan. The
+        # rows keep WINDOW_COL for `WindowContext.window_id_column`.
+        mine = kept if len(windows) == 1 else kept.where(F.col(WINDOW_COL) == window.window_id)
+        rows = mine.drop(KEY_COL, SEEN_COL)
         produced = job.transform(rows, WindowContext(job.name, window.window_id))
         for name, df in produced.items():
-            parts.setdefault(name, []).append(
-                df.withColumn(WINDOW_COL, F.lit(window.window_id).cast("bigint"))
-            )
+            if window_column:
+                df = df.withColumn(WINDOW_COL, F.lit(window.window_id).cast("bigint"))
+            parts.setdefault(name, []).append(df)
     if job.quarantine_sink is not None:
         parts.setdefault(job.sink(job.quarantine_sink).output, []).append(
             invalid.select(

@@ -617,6 +617,8 @@ class Engine:
             try:
                 results.update(run_writers(out.frames, group_writers))
             except Exception as exc:
+                # A server that is gone is named as such (after its retries), not as a write.
+                self.ledger.read("reach the server after a failed write", lambda c: c.execute(";"))
                 raise TransientSinkError(
                     f"window {window.window_id}: writing its rows failed on an executor "
                     f"({type(exc).__name__}); nothing was committed. Run the job again."
@@ -893,9 +895,12 @@ class Engine:
                 if index is not None and dedupe is not None
                 else None
             ),
+            window_column=False,
         )
         frames = {
-            name: df.drop(WINDOW_COL) for name, df in computed.outputs.items() if name in names
+            name: df.drop(WINDOW_COL) if WINDOW_COL in df.columns else df
+            for name, df in computed.outputs.items()
+            if name in names
         }
         if dedupe is not None:
             state = self.job.sink(dedupe.state_sink)
@@ -907,7 +912,7 @@ class Engine:
                 )
         if index is not None:
             frames[KEYS_OUTPUT] = computed.kept.where(F.col(KEY_COL).isNotNull()).select(
-                KEY_COL, F.lit(window.window_id).cast("bigint").alias("window_id")
+                KEY_COL, F.col(WINDOW_COL).alias("window_id")
             )
         out = WindowOutputs(frames, None, computed, quarantine=self.job.quarantine_sink is not None)
         if stage is None:

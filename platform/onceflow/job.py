@@ -11,9 +11,10 @@ from onceflow._identifiers import check_identifier
 from onceflow.errors import ConfigurationError
 from onceflow.sinks.base import SinkSpec
 from onceflow.sources.base import Source
+from onceflow.windows import WINDOW_COL
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    from pyspark.sql import Column, DataFrame
 
 
 class Guarantee(str, enum.Enum):
@@ -30,6 +31,17 @@ class WindowContext:
 
     job: str
     window_id: int
+
+    def window_id_column(self) -> Column:
+        """The window's id as a BIGINT column of the transform's rows.
+
+        Prefer it to `F.lit(ctx.window_id)`: a literal is a new constant in every window's
+        plan, so Spark generates and compiles that plan's code again for each window (and the
+        JVM compiles it again), where the column gives every window the same code.
+        """
+        from pyspark.sql import functions as F
+
+        return F.col(WINDOW_COL)
 
 
 @dataclass(frozen=True)

@@ -249,3 +249,23 @@ def test_at_least_once_gives_exact_results_without_crashes(
     result = engine.run(max_units_per_window=1)
     assert len(result.windows) == 3
     assert_exact(expected_outputs(landing), actual_outputs(pg_dsn, lake))
+
+
+def test_windows_after_the_first_compile_no_new_code_and_stay_exact(
+    spark: Any, pg_dsn: str, lake: Path, landing: Path, tmp_path: Path
+) -> None:
+    # A window's plan must not embed its id as a literal (in the platform or the reference
+    # transform): Spark would generate, compile and JIT-compile its code again for every window.
+    generate_payments(landing, records=2_000, files=5, duplicate_rate=0.1, invalid_rate=0.05)
+    compiled = spark._jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME()
+    counts: dict[int, int] = {}
+
+    def after(window: Any) -> None:
+        counts[window.window_id] = int(compiled.getCount())
+
+    engine = make_engine(spark, pg_dsn, lake, landing, tmp_path / "home")
+    result = engine.run(max_units_per_window=1, on_window=after)
+    assert [w.window_id for w in result.windows] == [1, 2, 3, 4, 5]
+    # Windows 4 and 5 are prepared after window 2 is done: the code of window 1 serves them.
+    assert counts[5] == counts[2], counts
+    assert_exact(expected_outputs(landing), actual_outputs(pg_dsn, lake))

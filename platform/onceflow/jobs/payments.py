@@ -119,7 +119,7 @@ def transform_payments(valid: DataFrame, ctx: WindowContext) -> Mapping[str, Dat
         "amount_cents",
         "currency",
         "created_at",
-        F.lit(ctx.window_id).cast("bigint").alias("_window_id"),
+        ctx.window_id_column().alias("_window_id"),
         "_source_file",
         "_source_line",
     )
