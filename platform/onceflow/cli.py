@@ -10,6 +10,7 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from onceflow.errors import FencedError, OnceflowError
@@ -246,6 +247,33 @@ def cmd_spark_server(args: argparse.Namespace) -> int:
     return 0  # serve() replaces the process
 
 
+def cmd_spark_cluster(args: argparse.Namespace) -> int:
+    from onceflow.spark_cluster import ClusterConfig, StandaloneCluster
+
+    config = ClusterConfig(
+        work_dir=Path(args.work_dir).absolute(),
+        host=args.host,
+        port=args.port,
+        ui_port=args.ui_port,
+        workers=args.workers,
+        cores=args.cores,
+        memory=args.memory,
+    )
+    ended = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: ended.set())
+    with StandaloneCluster(config, config.work_dir / "logs"):
+        print(
+            f"onceflow spark-cluster: master {config.url} with {config.workers} worker(s) of "
+            f"{config.cores} core(s) and {config.memory}; runs use it with "
+            f"ONCEFLOW_SPARK_MASTER={config.url}",
+            file=sys.stderr,
+            flush=True,
+        )
+        ended.wait()
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="onceflow", description="Exactly-once Spark jobs into Delta Lake and PostgreSQL."
@@ -329,6 +357,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark setting"
     )
     srv.set_defaults(func=cmd_spark_server)
+
+    clu = sub.add_parser(
+        "spark-cluster",
+        help="run a Spark standalone master and workers that runs use (ONCEFLOW_SPARK_MASTER)",
+    )
+    clu.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    clu.add_argument("--port", type=int, default=7077, help="master port (default 7077)")
+    clu.add_argument("--ui-port", type=int, default=8080, help="master web UI (default 8080)")
+    clu.add_argument("--workers", type=int, default=2, help="workers (default 2)")
+    clu.add_argument("--cores", type=int, default=1, help="cores per worker (default 1)")
+    clu.add_argument("--memory", default="1g", help="memory per worker (default 1g)")
+    clu.add_argument(
+        "--work-dir", default="spark-cluster", help="workers' folders and logs (./spark-cluster)"
+    )
+    clu.set_defaults(func=cmd_spark_cluster)
 
     demo = sub.add_parser("demo", help="generate, crash mid-commit, recover, validate")
     demo.add_argument("--records", type=int, default=20000)

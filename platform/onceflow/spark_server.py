@@ -193,9 +193,19 @@ class SparkServer:
 
 def free_port(host: str = DEFAULT_HOST) -> int:
     """A port nothing listens on now (for tests and benchmarks that start their own server)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    return free_ports(1, host)[0]
+
+
+def free_ports(count: int, host: str = DEFAULT_HOST) -> list[int]:
+    """`count` distinct ports nothing listens on now (held open together while chosen)."""
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for sock in socks:
+            sock.bind((host, 0))
+        return [int(sock.getsockname()[1]) for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
 
 
 def parse_conf(pairs: Sequence[str]) -> dict[str, str]:

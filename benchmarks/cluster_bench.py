@@ -1,0 +1,103 @@
+"""Benchmark: `onceflow run payments` as a user runs it, on `local[2]` vs a two-worker cluster.
+
+One invocation, one generated input (200,000 payments in 40 files by default), the same window
+size, a fresh database and lake for each mode. Each mode is the real CLI in a new process, timed
+from start to exit: `local` is the default `local[2]` session; `cluster` sets
+`ONCEFLOW_SPARK_MASTER` to a standalone master with two workers of one core each, started
+(`onceflow.spark_cluster`) before the clock starts. On one machine the ratio shows the cluster's
+overhead (executors in JVMs of their own, rows and results over the network), not a speed-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from peer_pipeline import fresh_database
+
+ONCEFLOW = str(Path(sys.executable).with_name("onceflow"))
+
+
+def run_cli(env: dict[str, str], *args: str) -> float:
+    started = time.perf_counter()
+    done = subprocess.run([ONCEFLOW, *args], env=env, capture_output=True, text=True, check=False)
+    elapsed = time.perf_counter() - started
+    if done.returncode != 0:
+        raise SystemExit(f"onceflow {' '.join(args)} failed:\n{done.stderr[-3000:]}")
+    return elapsed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--records", type=int, default=200_000)
+    parser.add_argument("--files", type=int, default=40)
+    parser.add_argument("--files-per-window", type=int, default=4)
+    parser.add_argument("--dsn", default=os.environ.get("ONCEFLOW_BENCH_DSN"))
+    args = parser.parse_args(argv)
+
+    from onceflow.generate import generate_payments
+    from onceflow.spark_cluster import local_cluster
+
+    work = Path(tempfile.mkdtemp(prefix="onceflow-cluster-bench-"))
+    work.chmod(0o755)
+    pg = None
+    try:
+        server_dsn = args.dsn
+        if not server_dsn:
+            import pgserver
+
+            pg = pgserver.get_server(work / "pg", cleanup_mode="stop")
+            server_dsn = pg.get_uri()
+        source = work / "input"
+        generate_payments(
+            source, records=args.records, files=args.files, duplicate_rate=0.02, seed=11
+        )
+        base = {k: v for k, v in os.environ.items() if not k.startswith("ONCEFLOW_")}
+        base.update(PYSPARK_PYTHON=sys.executable, GX_ANALYTICS_ENABLED="false")
+
+        def site(name: str, master: str | None) -> dict[str, str]:
+            home = work / name
+            landing = home / "landing"
+            landing.mkdir(parents=True)
+            shutil.copytree(source / "payments", landing / "payments")
+            env = dict(base)
+            env.update(
+                ONCEFLOW_HOME=str(home),
+                ONCEFLOW_LAKE=str(home / "lake"),
+                ONCEFLOW_LANDING=str(landing),
+                ONCEFLOW_POSTGRES_DSN=fresh_database(server_dsn, f"bench_{name}"),
+            )
+            if master:
+                env["ONCEFLOW_SPARK_MASTER"] = master
+            return env
+
+        window = ("--max-files-per-window", str(args.files_per_window))
+        results: dict[str, float] = {}
+        results["local"] = run_cli(site("local", None), "run", "payments", *window)
+        with local_cluster(work / "cluster", workers=2, cores=1) as cluster:
+            results["cluster"] = run_cli(site("cluster", cluster.url), "run", "payments", *window)
+        for mode, wall in results.items():
+            print(f"{mode}: {wall:.1f}s for {args.records:,} payments")
+        print(
+            f"\n`onceflow run payments`, {args.records:,} payments in {args.files} files, "
+            f"{args.files_per_window} files per window, {os.cpu_count()} cores, "
+            f"load {os.getloadavg()[0]:.1f}"
+        )
+        local, cluster_s = results["local"], results["cluster"]
+        print(f"  {'local[2]':>12} {'2 workers':>12} {'cluster/local':>14}")
+        print(f"  {local:11.1f}s {cluster_s:11.1f}s {cluster_s / local:13.2f}x")
+    finally:
+        if pg is not None:
+            pg.cleanup()
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
