@@ -10,6 +10,7 @@ machine: the same virtualenv path, with onceflow and the jobs' modules installed
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import signal
@@ -120,8 +121,8 @@ class StandaloneCluster:
             url = f"http://{self.config.host}:{self.config.ui_port}/json/"
             with urllib.request.urlopen(url, timeout=2) as answer:
                 state = json.load(answer)
-        except (OSError, ValueError):
-            return 0
+        except (OSError, ValueError, http.client.HTTPException):
+            return 0  # not up yet, or another server on that port
         return sum(1 for w in state.get("workers", []) if w.get("state") == "ALIVE")
 
     def start(self, timeout_s: float = 180.0) -> StandaloneCluster:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import signal
@@ -51,7 +52,7 @@ def test_spark_cluster_command_serves_until_sigterm(tmp_path: Path) -> None:
             assert run.proc.poll() is None, "onceflow spark-cluster exited while starting"
             try:
                 alive = [w for w in _master_state(ui_port)["workers"] if w["state"] == "ALIVE"]
-            except OSError:
+            except (OSError, http.client.HTTPException):
                 pass
             time.sleep(0.5)
         assert len(alive) == 1
