@@ -13,24 +13,11 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from peer_pipeline import fresh_database
-
-ONCEFLOW = str(Path(sys.executable).with_name("onceflow"))
-
-
-def run_cli(env: dict[str, str], *args: str) -> float:
-    started = time.perf_counter()
-    done = subprocess.run([ONCEFLOW, *args], env=env, capture_output=True, text=True, check=False)
-    elapsed = time.perf_counter() - started
-    if done.returncode != 0:
-        raise SystemExit(f"onceflow {' '.join(args)} failed:\n{done.stderr[-3000:]}")
-    return elapsed
+from cli_sites import run_cli, site_env
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,24 +45,10 @@ def main(argv: list[str] | None = None) -> int:
         generate_payments(
             source, records=args.records, files=args.files, duplicate_rate=0.02, seed=11
         )
-        base = {k: v for k, v in os.environ.items() if not k.startswith("ONCEFLOW_")}
-        base.update(PYSPARK_PYTHON=sys.executable, GX_ANALYTICS_ENABLED="false")
 
         def site(name: str, master: str | None) -> dict[str, str]:
-            home = work / name
-            landing = home / "landing"
-            landing.mkdir(parents=True)
-            shutil.copytree(source / "payments", landing / "payments")
-            env = dict(base)
-            env.update(
-                ONCEFLOW_HOME=str(home),
-                ONCEFLOW_LAKE=str(home / "lake"),
-                ONCEFLOW_LANDING=str(landing),
-                ONCEFLOW_POSTGRES_DSN=fresh_database(server_dsn, f"bench_{name}"),
-            )
-            if master:
-                env["ONCEFLOW_SPARK_MASTER"] = master
-            return env
+            cluster_url = {"ONCEFLOW_SPARK_MASTER": master} if master else {}
+            return site_env(work, server_dsn, name, source / "payments", **cluster_url)
 
         window = ("--max-files-per-window", str(args.files_per_window))
         results: dict[str, float] = {}

@@ -13,25 +13,13 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from peer_pipeline import fresh_database
+from cli_sites import run_cli, site_env
 
 ROOT = Path(__file__).resolve().parents[1]
-ONCEFLOW = str(Path(sys.executable).with_name("onceflow"))
-
-
-def run_cli(env: dict[str, str], *args: str) -> float:
-    started = time.perf_counter()
-    done = subprocess.run([ONCEFLOW, *args], env=env, capture_output=True, text=True, check=False)
-    elapsed = time.perf_counter() - started
-    if done.returncode != 0:
-        raise SystemExit(f"onceflow {' '.join(args)} failed:\n{done.stderr[-3000:]}")
-    return elapsed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,8 +48,6 @@ def main(argv: list[str] | None = None) -> int:
         generate_payments(
             source, records=args.records, files=args.files, duplicate_rate=0.02, seed=11
         )
-        base = {k: v for k, v in os.environ.items() if not k.startswith("ONCEFLOW_")}
-        base.update(PYSPARK_PYTHON=sys.executable, GX_ANALYTICS_ENABLED="false")
         server = SparkServer(
             SparkServerConfig(port=free_port()),
             work / "spark_server.log",
@@ -69,21 +55,8 @@ def main(argv: list[str] | None = None) -> int:
         ).start()
 
         def site(name: str, remote: bool, records: Path | None) -> dict[str, str]:
-            home = work / name
-            landing = home / "landing"
-            landing.mkdir(parents=True)
-            if records is not None:
-                shutil.copytree(records, landing / "payments")
-            env = dict(base)
-            env.update(
-                ONCEFLOW_HOME=str(home),
-                ONCEFLOW_LAKE=str(home / "lake"),
-                ONCEFLOW_LANDING=str(landing),
-                ONCEFLOW_POSTGRES_DSN=fresh_database(server_dsn, f"bench_{name}"),
-            )
-            if remote:
-                env["ONCEFLOW_SPARK_REMOTE"] = server.url
-            return env
+            remote_url = {"ONCEFLOW_SPARK_REMOTE": server.url} if remote else {}
+            return site_env(work, server_dsn, name, records, **remote_url)
 
         # Warm the server once (its first session loads classes), as a running server would be.
         warm = work / "warm"

@@ -898,9 +898,7 @@ class Engine:
             window_column=False,
         )
         frames = {
-            name: df.drop(WINDOW_COL) if WINDOW_COL in df.columns else df
-            for name, df in computed.outputs.items()
-            if name in names
+            name: df.drop(WINDOW_COL) for name, df in computed.outputs.items() if name in names
         }
         if dedupe is not None:
             state = self.job.sink(dedupe.state_sink)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -21,10 +20,11 @@ import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from onceflow.errors import ConfigurationError
 from onceflow.spark import quiet_java_options
-from onceflow.spark_server import free_ports, spark_home
+from onceflow.spark_server import free_ports, spark_home, stop_group
 
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
@@ -74,12 +74,21 @@ class ClusterConfig:
         env = dict(os.environ if base is None else base)
         env.setdefault("SPARK_HOME", str(spark_home()))
         env.setdefault("PYSPARK_PYTHON", sys.executable)
-        java_options = quiet_java_options()
+        java_options = " ".join(
+            filter(None, [env.get("SPARK_DAEMON_JAVA_OPTS"), quiet_java_options()])
+        )
         if java_options:
-            env["SPARK_DAEMON_JAVA_OPTS"] = (
-                f"{env.get('SPARK_DAEMON_JAVA_OPTS', '')} {java_options}"
-            )
+            env["SPARK_DAEMON_JAVA_OPTS"] = java_options
         return env
+
+
+def master_state(host: str, ui_port: int) -> dict[str, Any]:
+    """The master's `/json/` page (its workers and applications); empty while it is not up."""
+    try:
+        with urllib.request.urlopen(f"http://{host}:{ui_port}/json/", timeout=2) as answer:
+            return dict(json.load(answer))
+    except (OSError, ValueError, http.client.HTTPException):
+        return {}  # not up yet, or another server on that port
 
 
 def _spark_class() -> str:
@@ -117,12 +126,7 @@ class StandaloneCluster:
 
     def alive_workers(self) -> int:
         """Workers the master counts as alive (0 while the master is not up)."""
-        try:
-            url = f"http://{self.config.host}:{self.config.ui_port}/json/"
-            with urllib.request.urlopen(url, timeout=2) as answer:
-                state = json.load(answer)
-        except (OSError, ValueError, http.client.HTTPException):
-            return 0  # not up yet, or another server on that port
+        state = master_state(self.config.host, self.config.ui_port)
         return sum(1 for w in state.get("workers", []) if w.get("state") == "ALIVE")
 
     def start(self, timeout_s: float = 180.0) -> StandaloneCluster:
@@ -152,16 +156,7 @@ class StandaloneCluster:
     def stop(self, timeout_s: float = 30.0) -> None:
         """Stop the workers, then the master (each with its whole process group)."""
         for proc in reversed(self.procs):
-            if proc.poll() is not None:
-                continue
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-                proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            except ProcessLookupError:
-                pass
+            stop_group(proc, timeout_s)
         self.procs.clear()
 
     def __enter__(self) -> StandaloneCluster:

@@ -173,22 +173,28 @@ class SparkServer:
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """Stop the server and its Python workers (its whole process group)."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        except ProcessLookupError:
-            pass
+        if self.proc is not None:
+            stop_group(self.proc, timeout_s)
 
     def __enter__(self) -> SparkServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def stop_group(proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
+    """SIGTERM the process group `proc` leads, SIGKILL it after `timeout_s`; wait for `proc`."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:
+        pass
 
 
 def free_port(host: str = DEFAULT_HOST) -> int:

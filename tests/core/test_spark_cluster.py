@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import http.client
-import json
 import os
 import signal
 import socket
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from onceflow.generate import generate_payments
-from onceflow.spark_cluster import StandaloneCluster, local_cluster
+from onceflow.spark_cluster import StandaloneCluster, local_cluster, master_state
 from onceflow.spark_server import free_ports
 from tests.support.cli import CliRun, cli_env
 from tests.support.oracle import expected_outputs
@@ -30,13 +27,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneClus
         yield started
 
 
-def _master_state(ui_port: int) -> dict:
-    with urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/json/", timeout=5) as answer:
-        return dict(json.load(answer))
-
-
 def _apps(cluster: StandaloneCluster) -> list[dict]:
-    state = _master_state(cluster.config.ui_port)
+    state = master_state(cluster.config.host, cluster.config.ui_port)
     return [*state.get("activeapps", []), *state.get("completedapps", [])]
 
 
@@ -50,10 +42,8 @@ def test_spark_cluster_command_serves_until_sigterm(tmp_path: Path) -> None:
         alive: list[dict] = []
         while not alive and time.monotonic() < deadline:
             assert run.proc.poll() is None, "onceflow spark-cluster exited while starting"
-            try:
-                alive = [w for w in _master_state(ui_port)["workers"] if w["state"] == "ALIVE"]
-            except (OSError, http.client.HTTPException):
-                pass
+            workers = master_state("127.0.0.1", ui_port).get("workers", [])
+            alive = [w for w in workers if w["state"] == "ALIVE"]
             time.sleep(0.5)
         assert len(alive) == 1
         os.kill(run.pid, signal.SIGTERM)
