@@ -1,6 +1,8 @@
 """The one safe way onceflow reads a Delta table on Spark without delta-spark.
 
-A snapshot is read as its data files with Spark's Parquet reader and the table's own schema.
+A snapshot is read as its data files with the table's own schema: by Spark's Parquet reader on
+a local lake, and by pyarrow on the executors on an object store (Spark's Hadoop filesystem has
+no S3 connector here, and onceflow needs none).
 That is exact only for tables without deletion vectors, column mapping or partition columns
 (each needs the Delta log to read the files right); onceflow's own tables use none of them, and
 a table that does is refused rather than misread.
@@ -8,15 +10,18 @@ a table that does is refused rather than misread.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
 from deltalake import DeltaTable
 
 from onceflow.errors import UnsupportedTableError
+from onceflow.storage import Location
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
 
 # The column `read_snapshot(..., file_column=...)` adds: the URI of each row's data file.
 _UNSUPPORTED = frozenset({"deletionVectors", "columnMapping"})
@@ -46,15 +51,26 @@ def spark_schema(table: DeltaTable) -> object:
     return from_arrow_schema(pa.schema(table.schema().to_arrow()))
 
 
+def open_table(where: Location | str, version: int | None = None) -> DeltaTable:
+    """The Delta table at `where` (a location, or a folder or URI read with the environment's
+    S3 settings), at `version` or the latest."""
+    location = where if isinstance(where, Location) else Location.parse(where)
+    return DeltaTable(location.uri, version=version, storage_options=location.delta_options())
+
+
 def read_snapshot(
-    spark: SparkSession, table: DeltaTable, where: str, *, file_column: str | None = None
+    spark: SparkSession,
+    table: DeltaTable,
+    where: Location | str,
+    *,
+    file_column: str | None = None,
 ) -> DataFrame:
     """The rows of `table`'s loaded version, read on the executors.
 
     Args:
         spark: The session to read with.
         table: The table, loaded at the version to read.
-        where: The table's path, for messages.
+        where: The table's location (a string is a local folder), for messages and S3 access.
         file_column: When given, a column of that name holds each row's data file URI.
 
     Raises:
@@ -62,7 +78,8 @@ def read_snapshot(
     """
     from pyspark.sql import functions as F
 
-    check_readable(table, where)
+    location = where if isinstance(where, Location) else Location.parse(where)
+    check_readable(table, location.uri)
     schema = spark_schema(table)
     files = table.file_uris()
     if not files:
@@ -70,12 +87,55 @@ def read_snapshot(
         if file_column:
             empty = empty.withColumn(file_column, F.lit(None).cast("string"))
         return empty
+    if not location.is_local:
+        return read_parquet_files(spark, location, files, schema, file_column=file_column)  # type: ignore[arg-type]
     frame = spark.read.schema(schema).parquet(*files)  # type: ignore[arg-type]
     if file_column:
         frame = frame.withColumn(file_column, F.col("_metadata.file_path"))
     return frame
 
 
-def read_table(spark: SparkSession, path: str, version: int | None = None) -> DataFrame:
+def read_table(spark: SparkSession, path: Location | str, version: int | None = None) -> DataFrame:
     """Read the Delta table at `path` (its `version`, or the latest) on Spark."""
-    return read_snapshot(spark, DeltaTable(path, version=version), path)
+    return read_snapshot(spark, open_table(path, version), path)
+
+
+def read_parquet_files(
+    spark: SparkSession,
+    location: Location,
+    files: Sequence[str],
+    schema: StructType,
+    *,
+    file_column: str | None = None,
+) -> DataFrame:
+    """The rows of Parquet `files` (URIs under `location`'s store), read by pyarrow on the
+    executors as `schema`; with `file_column`, each row's file URI in that column."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import StringType, StructField
+    from pyspark.sql.types import StructType as Struct
+
+    arrow_schema = to_arrow_schema(schema, timezone="UTC")
+    out = (
+        Struct([*schema.fields, StructField(file_column, StringType())]) if file_column else schema
+    )
+    prefix = "s3://"
+
+    def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        fs = location.filesystem()
+        for batch in batches:
+            for uri in batch.column("uri").to_pylist():
+                path = uri[len(prefix) :] if uri.startswith(prefix) else uri
+                with fs.open_input_file(path) as handle:
+                    for piece in pq.ParquetFile(handle).iter_batches(columns=arrow_schema.names):
+                        rows = pa.Table.from_batches([piece]).cast(arrow_schema)
+                        if file_column:
+                            rows = rows.append_column(
+                                file_column, pa.array([uri] * rows.num_rows, pa.string())
+                            )
+                        yield from rows.to_batches()
+
+    listing = spark.createDataFrame([(f,) for f in files], "uri STRING")
+    return listing.mapInArrow(read, out)

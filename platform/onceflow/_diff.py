@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import reduce
-from pathlib import Path
 from typing import TYPE_CHECKING
+
+from onceflow._staging import spill
+from onceflow.storage import Location
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -58,7 +60,7 @@ def multiset_diff(
     actual: DataFrame,
     columns: Sequence[str],
     key: Sequence[str],
-    path: Path,
+    path: Location,
 ) -> Diff:
     """Compare `expected` with `actual` over `columns` and write the difference to `path`.
 
@@ -117,8 +119,7 @@ def multiset_diff(
         differs = F.lit(False)
         bad = ne != na
     frame = grouped.where(bad).withColumn("__changed", differs)
-    frame.write.mode("overwrite").parquet(str(path))
-    frame = frame.sparkSession.read.parquet(str(path))
+    frame = spill(frame, path)
     ne, na = F.col(N_EXPECTED), F.col(N_ACTUAL)
     if key:
         missing = F.when((ne > 0) & (na == 0), ne).otherwise(0)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from onceflow.errors import ConfigurationError
+from onceflow.storage import Location
 
 
 @dataclass(frozen=True)
@@ -18,14 +19,20 @@ class Settings:
         home: Folder for embedded state (`ONCEFLOW_HOME`, default `.onceflow`).
         postgres_dsn: DSN of the PostgreSQL holding the sinks and the ledger; `None` means an
             embedded server under `home/postgres`. Never printed.
-        lake: Root folder of the Delta tables (`ONCEFLOW_LAKE`, default `home/lake`).
+        lake: Root of the Delta tables and onceflow's staged outputs (`ONCEFLOW_LAKE`, default
+            `home/lake`): a local folder or `s3://bucket/prefix` (see `onceflow.storage`).
         landing: Root folder of the landing files (`ONCEFLOW_LANDING`, default `home/landing`).
     """
 
     home: Path
     postgres_dsn: str | None
-    lake: Path
+    lake: Location  # a Path or text given here is parsed into a Location
     landing: Path
+
+    def __post_init__(self) -> None:
+        # A folder given as a path (or text) is a location too.
+        if not isinstance(self.lake, Location):
+            object.__setattr__(self, "lake", Location.parse(str(self.lake), setting="lake"))
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -33,7 +40,9 @@ class Settings:
         env = os.environ if env is None else env
         home = Path(env.get("ONCEFLOW_HOME") or ".onceflow").absolute()
         dsn = env.get("ONCEFLOW_POSTGRES_DSN") or None
-        lake = Path(env.get("ONCEFLOW_LAKE") or home / "lake").absolute()
+        lake = Location.parse(
+            env.get("ONCEFLOW_LAKE") or str(home / "lake"), env, setting="ONCEFLOW_LAKE"
+        )
         landing = Path(env.get("ONCEFLOW_LANDING") or home / "landing").absolute()
         return cls(home=home, postgres_dsn=dsn, lake=lake, landing=landing)
 
@@ -43,7 +52,12 @@ class Settings:
 
     def check_folders(self, *, create: bool = True) -> None:
         """Make sure the lake is writable and the landing folder exists."""
-        for name, path in (("ONCEFLOW_LAKE", self.lake), ("ONCEFLOW_HOME", self.home)):
+        folders = [("ONCEFLOW_HOME", self.home)]
+        if self.lake.is_local:
+            folders.insert(0, ("ONCEFLOW_LAKE", self.lake.path))
+        else:
+            _check_bucket(self.lake)
+        for name, path in folders:
             try:
                 path.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
@@ -64,3 +78,24 @@ class Settings:
                     f"landing folder {self.landing} does not exist; create it or set "
                     "ONCEFLOW_LANDING to the folder producers write into."
                 )
+
+
+def _check_bucket(lake: Location) -> None:
+    """Fail at load time, with what to fix, when an object-store lake cannot be reached."""
+    import pyarrow.fs as pafs
+
+    bucket = lake.fs_path.split("/", 1)[0]
+    where = lake.s3.endpoint if lake.s3 and lake.s3.endpoint else "AWS S3"
+    try:
+        info = lake.filesystem().get_file_info(bucket)
+    except OSError as exc:
+        reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        raise ConfigurationError(
+            f"ONCEFLOW_LAKE {lake.uri}: the bucket cannot be reached at {where} ({reason}); "
+            "check AWS_ENDPOINT_URL, AWS_REGION and the AWS credentials."
+        ) from None
+    if info.type == pafs.FileType.NotFound:
+        raise ConfigurationError(
+            f"ONCEFLOW_LAKE {lake.uri}: bucket {bucket!r} does not exist at {where}; create it "
+            "or point ONCEFLOW_LAKE at an existing bucket."
+        )

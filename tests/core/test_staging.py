@@ -31,13 +31,13 @@ def test_a_stage_that_lost_a_file_is_recomputed_not_reused(
     assert stage.intact(stats, ["payments", "quarantine", "balances"])
 
     # Same offsets: reused as it is.
-    marker = stage.root / "_COMPLETE.json"
+    marker = Path(stage.root / "_COMPLETE.json")
     stamp = marker.stat().st_mtime_ns
     engine.outputs(window)
     assert marker.stat().st_mtime_ns == stamp
 
     # A data file of an output lost: the counts no longer match, so the window is computed again.
-    next(stage.path("payments").glob("*.parquet")).unlink()
+    next(Path(stage.path("payments")).glob("*.parquet")).unlink()
     assert not stage.intact(stats, ["payments"])
     out = engine.outputs(window)
     again = out.stats

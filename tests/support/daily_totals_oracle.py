@@ -16,6 +16,7 @@ from pathlib import Path
 
 import psycopg
 
+from onceflow.storage import Location
 from tests.support.oracle import expected_outputs
 
 Key = tuple[date, str]
@@ -53,18 +54,21 @@ def totals_from_landing(
     return totals_of((amounts.get(pid, row[3]), row[4], row[5]) for pid, row in payments.items())
 
 
-def delta_payment_rows(lake: Path) -> list[tuple[str, int, str, datetime, str]]:
+def delta_payment_rows(lake: Path | Location) -> list[tuple[str, int, str, datetime, str]]:
     """Current rows of the `payments` Delta table: (payment_id, amount, currency, created_at,
     source file), read with deltalake/pyarrow (no Spark)."""
     from deltalake import DeltaTable
 
     columns = ["payment_id", "amount_cents", "currency", "created_at", "_source_file"]
-    table = DeltaTable(str(lake / "payments")).to_pyarrow_table(columns=columns)
+    path = lake / "payments" if isinstance(lake, Location) else Location(str(lake / "payments"))
+    table = DeltaTable(path.uri, storage_options=path.delta_options()).to_pyarrow_table(
+        columns=columns
+    )
     data = [table.column(name).to_pylist() for name in columns]
     return [(p, int(a), c, t, f) for p, a, c, t, f in zip(*data, strict=True)]
 
 
-def totals_from_delta(lake: Path) -> Totals:
+def totals_from_delta(lake: Path | Location) -> Totals:
     """The totals over the `payments` Delta table's current rows (each payment_id once)."""
     rows = delta_payment_rows(lake)
     ids = [r[0] for r in rows]

@@ -11,6 +11,7 @@ from typing import Any
 import psycopg
 
 from onceflow.jobs.payments import PAYMENT_COLUMNS
+from onceflow.storage import Location
 from tests.support.oracle import Expected, PaymentRow
 
 JOB = "payments"
@@ -62,13 +63,13 @@ def _payment(row: Any) -> StoredPayment:
     return (pid, merchant, customer, int(amount), currency, created, int(wid), src, int(line))
 
 
-def read_delta_payments(lake: Path) -> tuple[list[StoredPayment], int | None]:
+def read_delta_payments(lake: Path | Location) -> tuple[list[StoredPayment], int | None]:
     from deltalake import DeltaTable
 
-    path = lake / "payments"
-    if not DeltaTable.is_deltatable(str(path)):
+    path = lake / "payments" if isinstance(lake, Location) else Location(str(lake / "payments"))
+    if not DeltaTable.is_deltatable(path.uri, storage_options=path.delta_options()):
         return [], None
-    table = DeltaTable(str(path))
+    table = DeltaTable(path.uri, storage_options=path.delta_options())
     data = table.to_pyarrow_table(columns=list(PAYMENT_FIELDS))
     columns = [data.column(name).to_pylist() for name in PAYMENT_FIELDS]
     return [_payment(row) for row in zip(*columns, strict=True)], table.version()
@@ -79,7 +80,7 @@ def _table_exists(conn: psycopg.Connection, name: str) -> bool:
     return bool(row and row[0])
 
 
-def actual_outputs(dsn: str, lake: Path) -> Actual:
+def actual_outputs(dsn: str, lake: Path | Location) -> Actual:
     """Read every output of the `payments` job: Delta, PG payments, balances and quarantine."""
     delta_rows, version = read_delta_payments(lake)
     pg_rows: list[StoredPayment] = []

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from deltalake import DeltaTable
 
-from onceflow._delta_read import read_table
+from onceflow._delta_read import open_table, read_table
 from onceflow.lineage import completed_through, record_check_results
 from onceflow.quality._gx import GxSession, Outcome
 from onceflow.quality.suites import (
@@ -30,6 +30,7 @@ from onceflow.quality.suites import (
     relation_query,
     sum_consistency_suite,
 )
+from onceflow.storage import Location
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -205,14 +206,15 @@ def _validate_delta(
     # DataFrame datasource: GE runs a Spark job per metric (100k rows, 12 checks, 2 busy cores:
     # 6-8 s warm and 48 s cold, against 3-4 s and 7 s for this), while this is one Spark job
     # with one shuffle that returns a single row and never collects the table onto the driver.
-    exists = DeltaTable.is_deltatable(target.path)
+    location = Location.parse(target.path)
+    exists = DeltaTable.is_deltatable(location.uri, storage_options=location.delta_options())
     ledger: dict[str, int | float | str] = {}
     if exists:
-        table = DeltaTable(target.path)
+        table = open_table(location)
         snapshot = table.version()
         committed = table.transaction_version(target.app_id)
         started = time.perf_counter()
-        measured = _aggregate_delta(read_table(spark, target.path, snapshot), target)
+        measured = _aggregate_delta(read_table(spark, location, snapshot), target)
         timings[f"{job}.{target.sink}:spark"] = time.perf_counter() - started
         ledger["delta_version"] = snapshot
         ledger["committed_window"] = committed if committed is not None else 0

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import shutil
 import time
 import uuid
 from collections.abc import Callable
@@ -156,7 +155,7 @@ def reconcile(
     finally:
         if computed is not None:
             computed.release()
-        shutil.rmtree(workdir, ignore_errors=True)
+        workdir.delete_tree()
     return ReconcileReport(
         job=job.name,
         mode=mode,

@@ -14,11 +14,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from onceflow._identifiers import check_identifier
 from onceflow.sinks.writers import PartitionWriter, run_writers
+from onceflow.storage import Location
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -304,7 +304,7 @@ class SinkGroup(ABC):
         *,
         epoch: int | None,
         run_id: str,
-        workdir: Path,
+        workdir: Location,
     ) -> SinkReconcile:
         """Diff one sink with `expected` (rows plus `__onceflow_window`); repair if `epoch`."""
 

@@ -10,14 +10,20 @@ sizes, row counts) — never the rows.
 from __future__ import annotations
 
 import json
+import time
+import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from functools import reduce
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 if TYPE_CHECKING:
-    import pyarrow as pa
     from pyspark.sql import DataFrame
+
+    from onceflow.storage import Location
 
 _RESULT_SCHEMA = "writer STRING, result STRING"
 
@@ -119,3 +125,64 @@ def run_writers(
 def rows_written(results: Sequence[Mapping[str, Any]]) -> int:
     """The rows a writer wrote over all partitions."""
     return sum(int(r.get("rows", 0)) for r in results)
+
+
+class ParquetFileWriter(PartitionWriter):
+    """Writes each partition of an output as one Parquet file in `<table>/<folder>/`.
+
+    The file is written by the executor with pyarrow (local or S3) and reported back (path
+    relative to `table`, size, rows), so the driver never lists the folder: a Delta table's
+    files are visible to readers only once the driver commits them, a stage's once its marker
+    names them.
+    """
+
+    def __init__(
+        self, key: str, output: str, table: Location, folder: str, schema: pa.Schema
+    ) -> None:
+        self.key = key
+        self.output = output
+        self.table = table
+        self.folder = folder
+        # Every file says every column may be null, whatever frame wrote it, so a window's
+        # files and a repair's read back with one schema.
+        self.schema = pa.schema([f.with_nullable(True) for f in schema])
+
+    def columns(self, available: Sequence[str]) -> Sequence[str]:
+        return self.schema.names
+
+    def open(self, partition: int) -> PartitionHandle:
+        return _FileHandle(self, partition)
+
+
+class _FileHandle(PartitionHandle):
+    def __init__(self, writer: ParquetFileWriter, partition: int) -> None:
+        self.writer = writer
+        name = f"part-{partition:05d}-{uuid.uuid4().hex}.parquet"
+        self.name = f"{writer.folder}/{name}" if writer.folder else name
+        self.file: pq.ParquetWriter | None = None
+        self.stream: Any = None
+        self.rows = 0
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        w = self.writer
+        if self.file is None:
+            full = w.table / self.name
+            (w.table / w.folder).mkdir()
+            self.stream = full.filesystem().open_output_stream(full.fs_path)
+            self.file = pq.ParquetWriter(self.stream, w.schema, compression="snappy")
+        self.file.write_table(pa.Table.from_batches([batch]).select(w.schema.names).cast(w.schema))
+        self.rows += batch.num_rows
+
+    def close(self) -> dict[str, Any]:
+        if self.file is None:
+            return {"rows": 0}
+        self.file.close()
+        size = self.stream.tell()
+        # On S3 the object exists only once the stream closes (its last PUT succeeded).
+        self.stream.close()
+        return {
+            "rows": self.rows,
+            "path": self.name,
+            "size": size,
+            "modified_ms": int(time.time() * 1000),
+        }

@@ -47,6 +47,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from onceflow.errors import SourceError
 from onceflow.sources.base import Observation, Source
+from onceflow.storage import Location
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
@@ -104,11 +105,13 @@ def _is_uri(path: str) -> bool:
 def _filesystem(root: str) -> tuple[pafs.FileSystem, str]:
     """The filesystem holding `root` and the path of `root` on it.
 
-    A local folder is what works (and is tested) today; a URI (`s3://…`) goes through
-    `pyarrow.fs.FileSystem.from_uri`, so an object-store lake only needs its credentials passed
-    here (and to `DeltaTable`) later, not another read path.
+    An `s3://` root is reached with the S3 settings of the process's environment (`AWS_*`, see
+    `onceflow.storage`); on executors that is their own environment, as for any S3 client.
     """
     if _is_uri(root):
+        if urlparse(root).scheme in ("s3", "s3a"):
+            location = Location.parse(root)
+            return location.filesystem(), location.fs_path
         return pafs.FileSystem.from_uri(root)
     return pafs.LocalFileSystem(), root
 
@@ -118,7 +121,7 @@ def _data_file_location(
 ) -> tuple[pafs.FileSystem, str]:
     """Where a data file named `log_path` in the log lives (relative paths are URI-encoded)."""
     if _is_uri(log_path):
-        return pafs.FileSystem.from_uri(log_path)
+        return _filesystem(log_path)
     return fs, f"{base.rstrip('/')}/{unquote(log_path)}"
 
 
@@ -269,7 +272,7 @@ class DeltaTableSource(Source):
             settings: Where the lake is.
         """
         if self.path is None:
-            return str(Path(settings.lake, self.table).absolute())
+            return (settings.lake / self.table).uri
         if _is_uri(self.path):
             return self.path.rstrip("/")
         # Absolute on the driver: executors may run in another working directory.
@@ -665,9 +668,9 @@ def _parse_unit(table: str, unit: str) -> int:
 
 
 def _snapshot(root: str, version: int) -> DeltaTable:
-    from deltalake import DeltaTable
+    from onceflow._delta_read import open_table
 
-    return DeltaTable(root, version=version)
+    return open_table(root, version)
 
 
 def _schema_before(root: str, start: int) -> tuple[Any, list[str]] | None:

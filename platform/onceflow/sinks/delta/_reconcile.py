@@ -21,6 +21,7 @@ from deltalake.transaction import RemoveAction
 from onceflow._delta_read import read_snapshot
 from onceflow._diff import Diff, multiset_diff
 from onceflow.sinks.delta.table import DeltaTableSink
+from onceflow.storage import Location
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -42,7 +43,7 @@ def reconcile_delta(
     expected: DataFrame,
     *,
     prepare_actual: Callable[[DataFrame], DataFrame],
-    workdir: Path,
+    workdir: Location,
     epoch: int | None,
     run_id: str,
 ) -> Diff:
@@ -58,7 +59,7 @@ def reconcile_delta(
         epoch: The reconcile's epoch; None for a dry run.
         run_id: Recorded in the repair commit.
     """
-    snapshot = read_snapshot(spark, table, str(sink.path), file_column=_FILE_COL)
+    snapshot = read_snapshot(spark, table, sink.path, file_column=_FILE_COL)
     columns = [c for c in snapshot.columns if c != _FILE_COL]
     diff = multiset_diff(
         expected.select(*columns),

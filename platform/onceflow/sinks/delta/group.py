@@ -6,7 +6,6 @@ import json
 import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from onceflow._delta_read import read_snapshot, spark_schema
@@ -30,6 +29,7 @@ from onceflow.sinks.delta.table import (
     add_actions,
     spark_schema_to_arrow,
 )
+from onceflow.storage import Location
 from onceflow.windows import WINDOW_COL, parse_interval
 
 if TYPE_CHECKING:
@@ -179,7 +179,7 @@ class DeltaGroup(SinkGroup):
 
         if not self.table.exists():
             return None
-        rows = read_snapshot(spark, self.table.table(), str(self.table.path))
+        rows = read_snapshot(spark, self.table.table(), self.table.path)
         if "_window_id" not in rows.columns:
             raise ConfigurationError(
                 f"sink {self.spec.name} holds the job's dedupe state, but its rows have no "
@@ -200,7 +200,7 @@ class DeltaGroup(SinkGroup):
         *,
         epoch: int | None,
         run_id: str,
-        workdir: Path,
+        workdir: Location,
     ) -> SinkReconcile:
         from pyspark.sql import functions as F
 
@@ -289,7 +289,7 @@ class DeltaGroup(SinkGroup):
         return int(table.version())
 
     def table_facts(self, sink: str) -> TableFacts:
-        uri = self.table.path.resolve().as_uri()
+        uri = self.table.path.as_uri()
         if not self.table.exists():
             return TableFacts(uri, (), None)
         import pyarrow as pa

@@ -8,21 +8,23 @@ ours fails with CommitFailedError; we reload, and if the table moved (a real con
 again, a bounded number of times with backoff. A CommitFailedError without a newer version is
 not a conflict (delta-rs raises it for unsupported features too) and fails the commit.
 
-Executors write the Parquet data files straight into the table folder; the driver only reads
-their footers (row counts) and commits the add actions.
+Executors write the Parquet data files straight into the table folder, through pyarrow's
+filesystem (local or S3), and report each file's size and rows; the driver commits those add
+actions and never lists the folder. On S3 the log entry is a conditional put: a commit whose
+answer was lost and is retried meets its own entry, fails as a conflict, and the reload then
+finds the window committed.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import shutil
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -32,7 +34,8 @@ from deltalake.transaction import AddAction, RemoveAction
 
 from onceflow._identifiers import delta_app_id, epoch_app_id, restate_app_id
 from onceflow.errors import FencedError, SinkError, TransientSinkError
-from onceflow.sinks.writers import PartitionHandle, PartitionWriter, run_writers
+from onceflow.sinks.writers import ParquetFileWriter, run_writers
+from onceflow.storage import Location
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -40,6 +43,8 @@ if TYPE_CHECKING:
 _log = logging.getLogger(__name__)
 
 META_PREFIX = "onceflow."
+# A commit's own id in its metadata, to recognise it after its answer was lost.
+COMMIT_TOKEN = f"{META_PREFIX}commit"
 # Attempts at a commit that keeps losing real conflicts, and the longest pause between two.
 COMMIT_ATTEMPTS = 12
 MAX_BACKOFF_S = 2.0
@@ -65,10 +70,11 @@ def spark_schema_to_arrow(df: DataFrame) -> pa.Schema:
 class DeltaTableSink:
     """The Delta side of one sink of one job: its table, app transactions and epoch claims."""
 
-    def __init__(self, job: str, sink: str, path: Path) -> None:
+    def __init__(self, job: str, sink: str, path: Location | str) -> None:
         self.job = job
         self.sink = sink
-        self.path = path
+        self.path = path if isinstance(path, Location) else Location.parse(str(path))
+        self.options = self.path.delta_options()
         self.app_id = delta_app_id(job, sink)
         self.epoch_app = epoch_app_id(job, sink)
         self.restate_app = restate_app_id(job, sink)
@@ -76,11 +82,11 @@ class DeltaTableSink:
     # -- table --------------------------------------------------------------------------------
 
     def exists(self) -> bool:
-        return DeltaTable.is_deltatable(str(self.path))
+        return DeltaTable.is_deltatable(self.path.uri, storage_options=self.options)
 
     def table(self) -> DeltaTable:
         try:
-            return DeltaTable(str(self.path))
+            return DeltaTable(self.path.uri, storage_options=self.options)
         except TableNotFoundError:
             raise SinkError(
                 f"sink {self.sink}: Delta table {self.path} is missing; run the job to create it."
@@ -88,9 +94,15 @@ class DeltaTableSink:
 
     def ensure_table(self, schema: pa.Schema) -> None:
         if not self.exists():
-            self.path.mkdir(parents=True, exist_ok=True)
+            self.path.mkdir()
             try:
-                DeltaTable.create(str(self.path), schema, mode="ignore", name=self.sink)
+                DeltaTable.create(
+                    self.path.uri,
+                    schema,
+                    mode="ignore",
+                    name=self.sink,
+                    storage_options=self.options,
+                )
             except Exception as exc:  # a concurrent creator is fine; anything else is not
                 if not self.exists():
                     raise SinkError(
@@ -133,14 +145,27 @@ class DeltaTableSink:
             stop = attempt(table)
             if stop is not None:
                 return stop
+            token = uuid.uuid4().hex
+            props = properties(table)
+            props.custom_metadata = {**(props.custom_metadata or {}), COMMIT_TOKEN: token}
             try:
                 table.create_write_transaction(
-                    actions(table),
-                    mode="append",
-                    schema=table.schema(),
-                    commit_properties=properties(table),
+                    actions(table), mode="append", schema=table.schema(), commit_properties=props
                 )
-            except CommitFailedError as exc:
+            except Exception as exc:
+                # The commit may have landed though its answer was lost: on an object store a
+                # retried conditional put then meets its own log entry and fails as a conflict.
+                # Its files are the table's now, so it counts as done and nothing is removed.
+                landed = self._landed(token, table.version())
+                if landed is not None:
+                    _log.warning(
+                        "sink %s: the commit's answer was lost, but it landed as version %d",
+                        self.sink,
+                        landed,
+                    )
+                    return self._at(landed)
+                if not isinstance(exc, CommitFailedError):
+                    raise
                 if on_conflict:
                     on_conflict()
                 moved = self.table().version() > table.version()
@@ -165,6 +190,20 @@ class DeltaTableSink:
             f"sink {self.sink}: lost {COMMIT_ATTEMPTS} commit races in a row on {self.path}; "
             "another writer keeps committing. Run again."
         )
+
+    def _landed(self, token: str, base: int) -> int | None:
+        """The version after `base` whose commit carries `token`, if one does."""
+        table = self.table()
+        newer = table.version() - base
+        if newer <= 0:
+            return None
+        for entry in table.history(limit=newer):
+            if entry.get(COMMIT_TOKEN) == token:
+                return int(entry["version"])
+        return None
+
+    def _at(self, version: int) -> DeltaTable:
+        return DeltaTable(self.path.uri, version=version, storage_options=self.options)
 
     def claim_epoch(self, epoch: int) -> None:
         """Record `epoch` in the table, so any commit of an older run fails from now on."""
@@ -193,10 +232,10 @@ class DeltaTableSink:
 
     def file_writer(
         self, key: str, output: str, schema: pa.Schema, window_id: int, epoch: int
-    ) -> DeltaFileWriter:
+    ) -> ParquetFileWriter:
         """A writer the executors use to write one window's Parquet files into the table."""
         folder = f"w{window_id:010d}-e{epoch}-{uuid.uuid4().hex[:8]}"
-        return DeltaFileWriter(key, output, str(self.path), folder, schema)
+        return ParquetFileWriter(key, output, self.path, folder, schema)
 
     def write_files(self, df: DataFrame, window_id: int, epoch: int) -> list[AddAction]:
         """Have the executors write `df` as Parquet into the table folder; return add actions."""
@@ -338,9 +377,10 @@ class DeltaTableSink:
         kept: list[AddAction] = []
         now_ms = int(time.time() * 1000)
         folder = f"r{window_id:010d}-e{epoch}-{uuid.uuid4().hex[:8]}"
+        fs = self.path.filesystem()
         for add in pa.table(table.get_add_actions(flatten=True)).to_pylist():
             rel = add["path"]
-            data = pq.read_table(self.path / rel)
+            data = pq.read_table(fs.open_input_file((self.path / unquote(rel)).fs_path))
             mask = pc.equal(data["_window_id"], window_id)
             if not pc.any(mask).as_py():
                 continue
@@ -355,13 +395,15 @@ class DeltaTableSink:
             )
             rest = data.filter(pc.invert(mask))
             if rest.num_rows:
-                (self.path / folder).mkdir(exist_ok=True)
+                (self.path / folder).mkdir()
                 name = f"{folder}/part-{uuid.uuid4().hex}.parquet"
-                pq.write_table(rest, self.path / name)
+                with fs.open_output_stream((self.path / name).fs_path) as out:
+                    pq.write_table(rest, out)
+                    size = out.tell()
                 kept.append(
                     AddAction(
                         path=name,
-                        size=(self.path / name).stat().st_size,
+                        size=size,
                         partition_values={},
                         modification_time=now_ms,
                         data_change=True,
@@ -386,6 +428,7 @@ class DeltaTableSink:
             TransientSinkError: The table changed since that snapshot; nothing changed.
         """
         self._check(table, 0, epoch)
+        token = uuid.uuid4().hex
         try:
             table.create_write_transaction(
                 [*removes, *adds],
@@ -398,12 +441,18 @@ class DeltaTableSink:
                         f"{META_PREFIX}reconciled": json.dumps(counts),
                         f"{META_PREFIX}epoch": str(epoch),
                         f"{META_PREFIX}run_id": run_id,
+                        COMMIT_TOKEN: token,
                     },
                     max_commit_retries=0,
                     app_transactions=[Transaction(self.epoch_app, epoch)],
                 ),
             )
-        except CommitFailedError:
+        except Exception as exc:
+            landed = self._landed(token, table.version())
+            if landed is not None:  # it landed though its answer was lost
+                return landed
+            if not isinstance(exc, CommitFailedError):
+                raise
             self._discard(adds)
             raise TransientSinkError(
                 f"sink {self.sink}: the Delta table changed while it was being reconciled; "
@@ -428,9 +477,12 @@ class DeltaTableSink:
         )
 
     def _discard(self, actions: list[AddAction]) -> None:
-        folders = {Path(a.path).parts[0] for a in actions if "/" in a.path}
+        folders = {a.path.split("/", 1)[0] for a in actions if "/" in a.path}
         for folder in folders:
-            shutil.rmtree(self.path / folder, ignore_errors=True)
+            try:
+                (self.path / folder).delete_tree()
+            except OSError:  # an orphan folder is harmless: no log entry names its files
+                _log.warning("sink %s: could not remove unused files in %s", self.sink, folder)
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -450,7 +502,7 @@ class DeltaTableSink:
 
 
 def add_actions(results: list[dict[str, Any]]) -> list[AddAction]:
-    """Add actions for the files `DeltaFileWriter`s wrote (partitions without rows wrote none)."""
+    """Add actions for the files `ParquetFileWriter`s wrote (partitions without rows wrote none)."""
     return [
         AddAction(
             path=r["path"],
@@ -463,57 +515,3 @@ def add_actions(results: list[dict[str, Any]]) -> list[AddAction]:
         for r in sorted(results, key=lambda r: r.get("path", ""))
         if r.get("rows")
     ]
-
-
-class DeltaFileWriter(PartitionWriter):
-    """Writes each partition of an output as one Parquet file in `<table>/<folder>/`.
-
-    The file is written by the executor with pyarrow and reported back (path, size, rows), so
-    the driver never lists the table's folder; nothing is visible to readers until the driver
-    commits the add actions.
-    """
-
-    def __init__(self, key: str, output: str, table: str, folder: str, schema: pa.Schema) -> None:
-        self.key = key
-        self.output = output
-        self.table = table
-        self.folder = folder
-        # Every file says every column may be null, whatever frame wrote it, so a window's
-        # files and a repair's read back with one schema.
-        self.schema = pa.schema([f.with_nullable(True) for f in schema])
-
-    def columns(self, available: Sequence[str]) -> Sequence[str]:
-        return self.schema.names
-
-    def open(self, partition: int) -> PartitionHandle:
-        return _FileHandle(self, partition)
-
-
-class _FileHandle(PartitionHandle):
-    def __init__(self, writer: DeltaFileWriter, partition: int) -> None:
-        self.writer = writer
-        self.name = f"{writer.folder}/part-{partition:05d}-{uuid.uuid4().hex}.parquet"
-        self.file: pq.ParquetWriter | None = None
-        self.rows = 0
-
-    def write(self, batch: pa.RecordBatch) -> None:
-        w = self.writer
-        if self.file is None:
-            full = Path(w.table) / self.name
-            full.parent.mkdir(parents=True, exist_ok=True)
-            self.file = pq.ParquetWriter(str(full), w.schema, compression="snappy")
-        self.file.write_table(pa.Table.from_batches([batch]).select(w.schema.names).cast(w.schema))
-        self.rows += batch.num_rows
-
-    def close(self) -> dict[str, Any]:
-        if self.file is None:
-            return {"rows": 0}
-        self.file.close()
-        full = Path(self.writer.table) / self.name
-        stat = full.stat()
-        return {
-            "rows": self.rows,
-            "path": self.name,
-            "size": stat.st_size,
-            "modified_ms": int(stat.st_mtime * 1000),
-        }

@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import uuid
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -27,6 +26,7 @@ from onceflow.errors import CommitUnknownError, SinkError, TransientSinkError
 from onceflow.postgres import connect, is_lost_connection, retrying
 from onceflow.sinks.postgres.commit import copy_frame
 from onceflow.sinks.postgres.spec import PostgresSink, arrow_type, spark_schema
+from onceflow.storage import Location
 
 if TYPE_CHECKING:
     from onceflow.ledger import Ledger
@@ -142,7 +142,7 @@ def reconcile_postgres(
     *,
     prepare_actual: Any,
     key: Sequence[str],
-    workdir: Path,
+    workdir: Location,
     epoch: int | None,
     job_filter: str | None = None,
 ) -> Diff:
@@ -208,7 +208,7 @@ def _reconcile_once(
     *,
     prepare_actual: Any,
     key: Sequence[str],
-    workdir: Path,
+    workdir: Location,
     epoch: int | None,
     job_filter: str | None,
 ) -> Diff:

@@ -7,7 +7,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from functools import reduce
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from psycopg import sql
@@ -38,6 +37,7 @@ from onceflow.sinks.postgres.commit import (
 )
 from onceflow.sinks.postgres.spec import PostgresSink, spark_schema
 from onceflow.sinks.writers import rows_written
+from onceflow.storage import Location
 from onceflow.windows import WINDOW_COL
 
 if TYPE_CHECKING:
@@ -317,7 +317,7 @@ class PostgresGroup(SinkGroup):
         *,
         epoch: int | None,
         run_id: str,
-        workdir: Path,
+        workdir: Location,
     ) -> SinkReconcile:
         from pyspark.sql import functions as F
         from pyspark.sql.types import _parse_datatype_string

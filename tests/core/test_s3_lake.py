@@ -1,0 +1,165 @@
+"""The lake on an S3-compatible store: the project's local S3 server, real `onceflow` processes.
+
+`payments` and `daily_totals` run with `ONCEFLOW_LAKE=s3://…` and must end exact through the
+crash matrix (SIGKILL at each fault point, then a rerun) and through answers lost on the way
+back from the store: a PUT of a Delta log entry (the commit itself) or of a data file that the
+server carried out while the client saw its connection fail.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+
+from onceflow.generate import generate_payments
+from onceflow.s3_server import LocalS3
+from onceflow.storage import Location
+from tests.support.cli import CliRun, Finished, cli_env
+from tests.support.daily_totals_oracle import (
+    assert_totals_exact,
+    totals_from_delta,
+    totals_from_landing,
+)
+from tests.support.oracle import expected_outputs
+from tests.support.outputs import actual_outputs, assert_exact
+from tests.support.s3proxy import S3Proxy
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalS3]:
+    log = tmp_path_factory.mktemp("s3") / "server.log"
+    with LocalS3(log=log) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def input_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("input")
+    generate_payments(root, records=3000, files=6, duplicate_rate=0.1, invalid_rate=0.05)
+    return root / "payments"
+
+
+@dataclass
+class S3Site:
+    """One installation whose lake is a fresh bucket on the local S3 server."""
+
+    dsn: str
+    s3: LocalS3
+    lake: Location
+    landing: Path
+    home: Path
+    endpoint: str
+
+    def env(self, fault: str | None = None) -> dict[str, str]:
+        return cli_env(
+            home=self.home,
+            dsn=self.dsn,
+            lake=self.lake.uri,  # type: ignore[arg-type]
+            landing=self.landing,
+            fault=fault,
+            **{**self.s3.env(), "AWS_ENDPOINT_URL": self.endpoint},
+        )
+
+    def cli(self, *args: str, fault: str | None = None) -> Finished:
+        return CliRun(list(args), self.env(fault), self.home / "logs").finish()
+
+    def payments(self, fault: str | None = None, max_files: int = 2) -> Finished:
+        return self.cli("run", "payments", "--max-files-per-window", str(max_files), fault=fault)
+
+    def assert_exact(self) -> None:
+        assert_exact(expected_outputs(self.landing), actual_outputs(self.dsn, self.lake))
+
+    def assert_lake_on_s3(self) -> None:
+        table = self.lake / "payments"
+        assert DeltaTable.is_deltatable(table.uri, storage_options=table.delta_options())
+        assert not (self.home / "lake").exists()
+
+
+@pytest.fixture()
+def site(pg_dsn: str, s3: LocalS3, tmp_path: Path, landing: Path, input_files: Path) -> S3Site:
+    bucket = f"lake-{uuid.uuid4().hex[:10]}"
+    s3.create_bucket(bucket)
+    shutil.copytree(input_files, landing / "payments")
+    home = tmp_path / "home"
+    home.mkdir()
+    lake = Location.parse(f"s3://{bucket}/lake", s3.env())
+    return S3Site(pg_dsn, s3, lake, landing, home, s3.endpoint)
+
+
+@pytest.mark.parametrize(
+    "point", ["plan", "before_sinks", "after_delta", "pg_commit_sent", "after_commits"]
+)
+def test_payments_crash_at_fault_point_then_rerun_is_exact(site: S3Site, point: str) -> None:
+    crashed = site.payments(fault=f"{point}@2")
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
+    assert f"fault injected at {point} (window 2)" in crashed.stderr
+
+    rerun = site.payments()
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    site.assert_exact()
+    site.assert_lake_on_s3()
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        pytest.param(r"/lake/payments/_delta_log/\d{20}\.json$", id="delta-log-entry"),
+        pytest.param(r"/lake/payments/w\d{10}-.*\.parquet$", id="data-file"),
+    ],
+)
+def test_payments_exact_when_the_answer_to_a_put_is_lost(site: S3Site, target: str) -> None:
+    proxy = S3Proxy(f"{site.s3.host}:{site.s3.port}", drop_path=target, drop_from=2).start()
+    try:
+        site.endpoint = proxy.endpoint
+        first = site.payments()
+        assert proxy.lost, f"no PUT matched {target}: {proxy.puts[:20]}"
+        assert all(lost.status == 200 for lost in proxy.lost)  # the store did carry them out
+        # The run either finishes, or fails with an error and leaves the rest to the next run.
+        assert first.returncode in (0, 1), first.stderr[-2000:]
+        rerun = site.payments()
+        assert rerun.returncode == 0, rerun.stderr[-2000:]
+    finally:
+        proxy.stop()
+    site.assert_exact()
+    # No window was committed twice to the Delta table, whatever the retries did.
+    table = site.lake / "payments"
+    windows = [
+        int(entry["onceflow.window_id"])
+        for entry in DeltaTable(table.uri, storage_options=table.delta_options()).history()
+        if "onceflow.window_id" in entry
+    ]
+    assert sorted(windows) == sorted(set(windows)), windows
+
+
+@pytest.mark.parametrize("point", ["before_sinks", "pg_commit_sent", "after_commits"])
+def test_daily_totals_on_an_s3_lake_crash_then_rerun_is_exact(site: S3Site, point: str) -> None:
+    paid = site.payments(max_files=2)
+    assert paid.returncode == 0, paid.stderr[-2000:]
+
+    crashed = site.cli("run", "daily_totals", "--max-files-per-window", "1", fault=f"{point}@2")
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
+    recovered = site.cli("run", "daily_totals")
+    assert recovered.returncode == 0, recovered.stderr[-2000:]
+
+    truth = totals_from_landing(site.landing)
+    assert totals_from_delta(site.lake) == truth
+    diff = assert_totals_exact(truth, site.dsn, f"S3 lake, crash at {point}@2")
+    assert diff.lost == diff.doubled == 0
+
+
+def test_a_missing_bucket_fails_at_load_time_without_the_secret(site: S3Site) -> None:
+    site.lake = Location.parse("s3://no-such-bucket/lake", site.s3.env())
+    result = site.payments()
+    assert result.returncode != 0
+    assert "bucket 'no-such-bucket' does not exist" in result.stderr, result.stderr[-2000:]
+    secret = site.s3.env()["AWS_SECRET_ACCESS_KEY"]
+    assert secret not in result.stderr and secret not in result.stdout
