@@ -208,7 +208,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from onceflow.errors import ConfigurationError
-    from onceflow.generate import generate_payments
+    from onceflow.generate import generate_payments_into
     from onceflow.settings import Settings
 
     if args.job != "payments":
@@ -216,8 +216,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
             f"there is no generator for {args.job!r}; `generate` writes `payments` input."
         )
     settings = Settings.from_env()
-    settings.landing.mkdir(parents=True, exist_ok=True)
-    out = generate_payments(
+    settings.landing.mkdir()
+    out = generate_payments_into(
         settings.landing,
         records=args.records,
         files=args.files,

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from onceflow.generate import generate_payments
+from onceflow.generate import generate_payments_into
 from onceflow.ledger import Ledger
 from onceflow.postgres import resolve_dsn, stop_embedded
 from onceflow.settings import Settings
@@ -22,7 +22,7 @@ def run_demo(records: int = 20000, files: int = 8) -> int:
     settings = Settings.from_env()
     settings.check_folders()
     _say(f"state under {settings.home}")
-    generated = generate_payments(
+    generated = generate_payments_into(
         settings.landing,
         records=records,
         files=files,

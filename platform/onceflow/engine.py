@@ -554,6 +554,7 @@ class Engine:
         result, out = prepared.result, prepared.out
         if out is None:  # every sink held it
             self.ledger.mark_completed(window.window_id)
+            WindowStage(self.settings.lake, self.job.name, window.window_id, {}).discard()
             result.latency_s = time.monotonic() - prepared.started
             return result
         try:

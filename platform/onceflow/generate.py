@@ -7,13 +7,16 @@ import json
 import os
 import random
 import re
+import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 from onceflow.errors import ConfigurationError
 from onceflow.jobs._payments_rules import Payment
+from onceflow.storage import Location
 
 _UTC = timezone.utc
 CURRENCIES: tuple[str, ...] = ("USD", "EUR", "GBP", "JPY")
@@ -58,7 +61,7 @@ _NAME_TS_FORMAT = "%Y%m%dT%H%M%S%f"
 class GeneratedInput:
     """What `generate_payments` wrote, and the outcome the contract implies for it."""
 
-    files: list[Path]
+    files: list[Path] | list[Location]  # Locations when written to an object store
     payments: list[Payment]
     invalid: list[tuple[str, int]]
     duplicates: int
@@ -154,6 +157,27 @@ def generate_payments(
     return GeneratedInput(
         files=written, payments=builder.payments, invalid=invalid, duplicates=n_dup
     )
+
+
+def generate_payments_into(landing: Location, *, job: str = "payments", **options: Any) -> GeneratedInput:
+    """`generate_payments` into a landing location: a local folder, or an object store where
+    each file is written with one PUT (visible whole or not at all), in name order.
+
+    Args:
+        landing: The landing root (`Settings.landing`).
+        job: The job whose folder receives the files.
+        options: `generate_payments`'s other arguments.
+    """
+    if landing.is_local:
+        return generate_payments(landing.path, job=job, **options)
+    with tempfile.TemporaryDirectory(prefix="onceflow-generate-") as tmp:
+        made = generate_payments(Path(tmp), job=job, **options)
+        uploaded = []
+        for path in made.files:
+            target = landing / job / path.name
+            target.write_bytes(path.read_bytes())
+            uploaded.append(target)
+    return replace(made, files=uploaded)
 
 
 # One line of a file: (position key, creation sequence, is_invalid, bytes with terminator).

@@ -27,12 +27,14 @@ class Settings:
     home: Path
     postgres_dsn: str | None
     lake: Location  # a Path or text given here is parsed into a Location
-    landing: Path
+    landing: Location  # likewise
 
     def __post_init__(self) -> None:
         # A folder given as a path (or text) is a location too.
-        if not isinstance(self.lake, Location):
-            object.__setattr__(self, "lake", Location.parse(str(self.lake), setting="lake"))
+        for name in ("lake", "landing"):
+            value = getattr(self, name)
+            if not isinstance(value, Location):
+                object.__setattr__(self, name, Location.parse(str(value), setting=name))
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -43,7 +45,9 @@ class Settings:
         lake = Location.parse(
             env.get("ONCEFLOW_LAKE") or str(home / "lake"), env, setting="ONCEFLOW_LAKE"
         )
-        landing = Path(env.get("ONCEFLOW_LANDING") or home / "landing").absolute()
+        landing = Location.parse(
+            env.get("ONCEFLOW_LANDING") or str(home / "landing"), env, setting="ONCEFLOW_LANDING"
+        )
         return cls(home=home, postgres_dsn=dsn, lake=lake, landing=landing)
 
     def __repr__(self) -> str:
@@ -56,7 +60,7 @@ class Settings:
         if self.lake.is_local:
             folders.insert(0, ("ONCEFLOW_LAKE", self.lake.path))
         else:
-            _check_bucket(self.lake)
+            _check_bucket(self.lake, "ONCEFLOW_LAKE")
         for name, path in folders:
             try:
                 path.mkdir(parents=True, exist_ok=True)
@@ -70,9 +74,12 @@ class Settings:
                     f"{name} folder {path} is not writable; set {name} to a writable folder or "
                     "fix its permissions."
                 )
-        if not self.landing.is_dir():
+        if not self.landing.is_local:
+            # An object store has no folders: an empty prefix is an empty landing folder.
+            _check_bucket(self.landing, "ONCEFLOW_LANDING")
+        elif not self.landing.is_dir():
             if create and not os.environ.get("ONCEFLOW_LANDING"):
-                self.landing.mkdir(parents=True, exist_ok=True)
+                self.landing.mkdir()
             else:
                 raise ConfigurationError(
                     f"landing folder {self.landing} does not exist; create it or set "
@@ -80,8 +87,8 @@ class Settings:
                 )
 
 
-def _check_bucket(lake: Location) -> None:
-    """Fail at load time, with what to fix, when an object-store lake cannot be reached."""
+def _check_bucket(lake: Location, setting: str) -> None:
+    """Fail at load time, with what to fix, when an object-store location cannot be reached."""
     import pyarrow.fs as pafs
 
     bucket = lake.fs_path.split("/", 1)[0]
@@ -91,11 +98,11 @@ def _check_bucket(lake: Location) -> None:
     except OSError as exc:
         reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
         raise ConfigurationError(
-            f"ONCEFLOW_LAKE {lake.uri}: the bucket cannot be reached at {where} ({reason}); "
+            f"{setting} {lake.uri}: the bucket cannot be reached at {where} ({reason}); "
             "check AWS_ENDPOINT_URL, AWS_REGION and the AWS credentials."
         ) from None
     if info.type == pafs.FileType.NotFound:
         raise ConfigurationError(
-            f"ONCEFLOW_LAKE {lake.uri}: bucket {bucket!r} does not exist at {where}; create it "
-            "or point ONCEFLOW_LAKE at an existing bucket."
+            f"{setting} {lake.uri}: bucket {bucket!r} does not exist at {where}; create it "
+            f"or point {setting} at an existing bucket."
         )

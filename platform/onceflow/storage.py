@@ -14,12 +14,13 @@ every `repr`, message and log line.
 
 from __future__ import annotations
 
+import io
 import os
 import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 from urllib.parse import urlparse
 
 from onceflow.errors import ConfigurationError
@@ -284,3 +285,20 @@ class Location:
                 with fs.open_input_file(info.path) as handle:
                     total += pq.read_metadata(handle).num_rows
         return total
+
+
+def open_input(root: str, rel: str) -> BinaryIO:
+    """A file under `root` (a folder or `s3://` URI) opened for reading, on any process.
+
+    Executors call this with a root from a data source's options, so an S3 root is reached
+    with the executor's own `AWS_*` environment, as any S3 client on it would be.
+    """
+    return open_file(Location.parse(root) / rel)
+
+
+def open_file(path: Path | Location) -> BinaryIO:
+    """A local file or an object opened for reading (an object is fetched whole, into a
+    seekable buffer that serves line readers and Parquet alike)."""
+    if isinstance(path, Path) or path.is_local:
+        return open(path, "rb")  # the caller closes it
+    return io.BytesIO(path.read_bytes())

@@ -33,6 +33,8 @@ from tests.support.s3proxy import S3Proxy
 
 pytestmark = pytest.mark.slow
 
+REPO = Path(__file__).resolve().parents[2]
+
 
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalS3]:
@@ -58,22 +60,26 @@ class S3Site:
     landing: Path
     home: Path
     endpoint: str
+    s3_landing: Location | None = None  # the landing folder, when it is on the store too
 
-    def env(self, fault: str | None = None) -> dict[str, str]:
+    def env(self, fault: str | None = None, **extra: str) -> dict[str, str]:
+        landing = self.s3_landing.uri if self.s3_landing else self.landing
         return cli_env(
             home=self.home,
             dsn=self.dsn,
             lake=self.lake.uri,  # type: ignore[arg-type]
-            landing=self.landing,
+            landing=landing,  # type: ignore[arg-type]
             fault=fault,
-            **{**self.s3.env(), "AWS_ENDPOINT_URL": self.endpoint},
+            **{**self.s3.env(), "AWS_ENDPOINT_URL": self.endpoint, **extra},
         )
 
-    def cli(self, *args: str, fault: str | None = None) -> Finished:
-        return CliRun(list(args), self.env(fault), self.home / "logs").finish()
+    def cli(self, *args: str, fault: str | None = None, **extra: str) -> Finished:
+        return CliRun(list(args), self.env(fault, **extra), self.home / "logs").finish()
 
-    def payments(self, fault: str | None = None, max_files: int = 2) -> Finished:
-        return self.cli("run", "payments", "--max-files-per-window", str(max_files), fault=fault)
+    def payments(self, fault: str | None = None, max_files: int = 2, **extra: str) -> Finished:
+        return self.cli(
+            "run", "payments", "--max-files-per-window", str(max_files), fault=fault, **extra
+        )
 
     def assert_exact(self) -> None:
         assert_exact(expected_outputs(self.landing), actual_outputs(self.dsn, self.lake))
@@ -163,3 +169,50 @@ def test_a_missing_bucket_fails_at_load_time_without_the_secret(site: S3Site) ->
     assert "bucket 'no-such-bucket' does not exist" in result.stderr, result.stderr[-2000:]
     secret = site.s3.env()["AWS_SECRET_ACCESS_KEY"]
     assert secret not in result.stderr and secret not in result.stdout
+
+
+def test_staged_job_replays_its_stage_from_the_store(site: S3Site) -> None:
+    """A job not declared deterministic stages each window's outputs under the lake: here on
+    the store, and read back from the files its marker names."""
+    jobs = {
+        "ONCEFLOW_JOBS": "tests.support.staged_payments:STAGED_PAYMENTS",
+        "PYTHONPATH": str(REPO),
+    }
+    crashed = site.payments(fault="pg_commit_sent@2", **jobs)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
+    stages = site.lake / "_onceflow" / "staging" / "payments"
+    (stage,) = stages.children("w0000000002-")
+    assert (stages / stage / "_COMPLETE.json").is_file()
+
+    rerun = site.payments(**jobs)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    site.assert_exact()
+    assert not stages.children("w")  # every stage is gone once its window is in every sink
+
+
+def test_landing_files_on_the_store_too(site: S3Site) -> None:
+    """Landing files on the store (`ONCEFLOW_LANDING=s3://…`): discovered by listing, read
+    whole by the executors; `onceflow generate` writes there with one PUT per file."""
+    landing = Location.parse(f"{site.lake.uri.rsplit('/', 1)[0]}/landing", site.s3.env())
+    local = site.landing / "payments"
+    for path in sorted(local.iterdir()):
+        (landing / "payments" / path.name).write_bytes(path.read_bytes())
+    site.s3_landing = landing
+
+    crashed = site.payments(fault="after_delta@2")
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
+    made = site.cli(
+        "generate", "payments", "--records", "400", "--files", "2", "--duplicate-rate", "0.1",
+        "--invalid-rate", "0.05", "--seed", "7",
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr[-2000:]
+    rerun = site.payments()
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+
+    # The oracle reads a local copy of exactly what the store holds.
+    for info in (landing / "payments").files():
+        name = info.path.rsplit("/", 1)[1]
+        if not (local / name).exists():
+            (local / name).write_bytes((landing / "payments" / name).read_bytes())
+    assert len(list(local.iterdir())) == 8
+    site.assert_exact()

@@ -26,7 +26,7 @@ def settings(tmp_path: Path, landing: Path) -> Settings:
 
 
 def put(settings: Settings, rel: str, content: str | bytes) -> Path:
-    path = settings.landing / rel
+    path = settings.landing.path / rel
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(content.encode() if isinstance(content, str) else content)
     return path
@@ -188,7 +188,7 @@ def test_files_in_name_order_and_ignored_names(spark, settings: Settings) -> Non
         put(settings, f"pay/{name}", f"id\n{name[0]}1\n{name[0]}2\n")
     for ignored in (".hidden.csv", "_partial.csv", "x.csv.tmp", "notes.txt"):
         put(settings, f"pay/{ignored}", "id\nignored\n")
-    (settings.landing / "pay" / "dir.csv").mkdir()
+    (settings.landing.path / "pay" / "dir.csv").mkdir()
     put(settings, "other/z.csv", "id\nother\n")
     source = CsvSource("pay", {"id": "string"})
     assert source.discover(settings, None) == ["pay/a.csv", "pay/b.csv", "pay/c.csv"]
@@ -688,7 +688,7 @@ def test_missing_file_at_read_is_a_source_error(spark, settings: Settings) -> No
     put(settings, "t/b.csv", "id\n2\n")
     source = CsvSource("t", {"id": "int"})
     offsets = source.offsets(settings, source.discover(settings, None))
-    (settings.landing / "t/b.csv").unlink()
+    (settings.landing.path / "t/b.csv").unlink()
     with pytest.raises(SourceError, match=re.escape("t/b.csv: missing")):
         source.read(spark, settings, offsets)
 

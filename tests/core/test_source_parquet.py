@@ -29,14 +29,14 @@ def settings(tmp_path: Path, landing: Path) -> Settings:
 
 
 def put(settings: Settings, rel: str, table: pa.Table, **kwargs: Any) -> Path:
-    path = settings.landing / rel
+    path = settings.landing.path / rel
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, path, **kwargs)
     return path
 
 
 def put_bytes(settings: Settings, rel: str, content: bytes) -> Path:
-    path = settings.landing / rel
+    path = settings.landing.path / rel
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(content)
     return path
@@ -529,7 +529,7 @@ def test_unreadable_files_are_reported_as_one_row(spark, settings: Settings) -> 
     put(settings, "p/a.parquet", pa.table({"id": [1]}))
     put_bytes(settings, "p/b.parquet", b"this is not parquet")
     put_bytes(settings, "p/c.parquet", b"")
-    good = (settings.landing / "p/a.parquet").read_bytes()
+    good = (settings.landing.path / "p/a.parquet").read_bytes()
     put_bytes(settings, "p/d.parquet", good[: len(good) // 2])  # truncated: no footer
     put(settings, "p/e.parquet", pa.table({"id": [2]}))
     rows = read(spark, settings, ParquetSource("p", {"id": "bigint"}))
@@ -590,7 +590,7 @@ def test_missing_file_at_read_is_a_source_error(spark, settings: Settings) -> No
     put(settings, "p/a.parquet", pa.table({"id": [1]}))
     source = ParquetSource("p", {"id": "bigint"})
     offsets = source.offsets(settings, source.discover(settings, None))
-    (settings.landing / "p/a.parquet").unlink()
+    (settings.landing.path / "p/a.parquet").unlink()
     with pytest.raises(SourceError, match=re.escape("p/a.parquet: missing")):
         source.read(spark, settings, offsets)
 
@@ -598,7 +598,9 @@ def test_missing_file_at_read_is_a_source_error(spark, settings: Settings) -> No
 def test_file_gone_on_the_executor_fails_instead_of_quarantining(settings: Settings) -> None:
     schema = normalise_schema({"id": "int"}, "t")
     with pytest.raises(FileNotFoundError):
-        list(iter_parquet_file(settings.landing / "p/none.parquet", 0, "p/none.parquet", schema))
+        list(
+            iter_parquet_file(settings.landing.path / "p/none.parquet", 0, "p/none.parquet", schema)
+        )
 
 
 def test_raw_text_is_compact_json_of_the_declared_columns(spark, settings: Settings) -> None:

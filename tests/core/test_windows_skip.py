@@ -37,7 +37,9 @@ class Site:
 
     def land(self, *indexes: int) -> None:
         for i in indexes:
-            shutil.copy2(self.files[i], self.settings.landing / "payments" / self.files[i].name)
+            shutil.copy2(
+                self.files[i], self.settings.landing.path / "payments" / self.files[i].name
+            )
 
     def cli(self, *args: str, fault: str | None = None) -> Finished:
         settings = self.settings
@@ -58,7 +60,7 @@ class Site:
         shutil.rmtree(kept, ignore_errors=True)
         (kept / "payments").mkdir(parents=True)
         for i, path in enumerate(self.files):
-            if i not in indexes and (self.settings.landing / "payments" / path.name).exists():
+            if i not in indexes and (self.settings.landing.path / "payments" / path.name).exists():
                 shutil.copy2(path, kept / "payments" / path.name)
         return expected_outputs(kept)
 

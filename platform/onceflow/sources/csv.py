@@ -49,6 +49,7 @@ from onceflow.sources._typed import (
     text_converter,
 )
 from onceflow.sources.landing import FilePartition, LandingFiles
+from onceflow.storage import Location, open_file
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -115,10 +116,10 @@ class CsvSource(LandingFiles):
     def describe(self) -> str:
         return f"CSV landing files `{self.folder}/*{self.suffix}` ({len(self.schema)} columns)"
 
-    def read_files(self, spark: SparkSession, root: Path, files: list[str]) -> DataFrame:
+    def read_files(self, spark: SparkSession, root: Location, files: list[str]) -> DataFrame:
         assert isinstance(self.schema, Schema)
         return read_typed(
-            spark, _CsvDataSource, self.schema, str(root), files,
+            spark, _CsvDataSource, self.schema, root.uri, files,
             delimiter=self.delimiter, header=json.dumps(self.header),
         )  # fmt: skip
 
@@ -186,7 +187,7 @@ def _header_layout(schema: Schema, names: list[str]) -> tuple[list[int], str | N
 
 
 def iter_csv_file(
-    path: Path,
+    path: Path | Location,
     file_idx: int,
     source_file: str,
     schema: Schema,
@@ -212,7 +213,7 @@ def iter_csv_file(
     layout: list[int] | None = None if header else list(range(len(names)))
     expected_fields = len(names)
     header_problem: str | None = None
-    with open(path, "rb") as handle:
+    with open_file(path) as handle:
         feed = _LineFeed(handle)
         reader = csv.reader(feed, delimiter=delimiter, quotechar='"', doublequote=True, strict=True)
         while True:
@@ -290,7 +291,7 @@ class _CsvReader(DataSourceReader):
             return iter(())
         assert isinstance(partition, FilePartition)
         return iter_csv_file(
-            Path(self.root) / partition.path,
+            Location.parse(self.root) / partition.path,
             partition.index,
             partition.path,
             self.schema,

@@ -1,24 +1,26 @@
 """Landing folders: files that appear over time; a window's offsets are its exact list of files.
 
 A visible file is complete and never changes: producers write under a temporary name and
-rename. Names starting with `.` or `_`, or ending in `.tmp`, are not input. Files enter windows
-in the order they are discovered, and files discovered together in name order.
+rename (on S3, one PUT per file: an object is visible whole or not at all). Names starting with
+`.` or `_`, or ending in `.tmp`, are not input. Files enter windows in the order they are
+discovered, and files discovered together in name order.
 """
 
 from __future__ import annotations
 
 import json
+import posixpath
 import time
 from abc import abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from onceflow.errors import SourceError
 from onceflow.sources.base import BatchFunction, Observation, Source
+from onceflow.storage import Location, open_input
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -42,21 +44,17 @@ class LandingFiles(Source):
     def describe(self) -> str:
         return f"landing files `{self.folder}/*{self.suffix}`"
 
-    def base(self, settings: Settings) -> Path:
+    def base(self, settings: Settings) -> Location:
         return settings.landing / self.folder
 
     def discover(self, settings: Settings, after: Mapping[str, Any] | None = None) -> list[str]:
         """Visible input files, as paths relative to the landing root, in name order."""
-        base = self.base(settings)
-        if not base.is_dir():
-            return []
         names = sorted(
-            entry.name
-            for entry in base.iterdir()
-            if entry.name.endswith(self.suffix)
-            and not entry.name.startswith((".", "_"))
-            and not entry.name.endswith(".tmp")
-            and entry.is_file()
+            name
+            for name in (posixpath.basename(info.path) for info in self.base(settings).files())
+            if name.endswith(self.suffix)
+            and not name.startswith((".", "_"))
+            and not name.endswith(".tmp")
         )
         return [f"{self.folder}/{name}" for name in names]
 
@@ -65,7 +63,7 @@ class LandingFiles(Source):
         ordered = sorted(units)
         return {
             "files": ordered,
-            "sizes": [(settings.landing / f).stat().st_size for f in ordered],
+            "sizes": [(settings.landing / f).size() for f in ordered],
         }
 
     def units(self, offsets: Mapping[str, Any]) -> list[str]:
@@ -75,11 +73,13 @@ class LandingFiles(Source):
         problems = []
         sizes = list(offsets.get("sizes", []))
         for i, path in enumerate(offsets.get("files", [])):
-            full = settings.landing / path
-            if not full.is_file():
+            try:
+                size = (settings.landing / path).size()
+            except FileNotFoundError:
                 problems.append(f"{path}: missing")
-            elif i < len(sizes) and full.stat().st_size != sizes[i]:
-                problems.append(f"{path}: size {full.stat().st_size}, expected {sizes[i]}")
+                continue
+            if i < len(sizes) and size != sizes[i]:
+                problems.append(f"{path}: size {size}, expected {sizes[i]}")
         return problems
 
     def read(
@@ -103,7 +103,7 @@ class LandingFiles(Source):
         return self.read_files(spark, settings.landing, files), file_map
 
     @abstractmethod
-    def read_files(self, spark: SparkSession, root: Path, files: list[str]) -> DataFrame:
+    def read_files(self, spark: SparkSession, root: Location, files: list[str]) -> DataFrame:
         """The records of `files` (relative to `root`), one Spark partition per file."""
 
     def observe(self, settings: Settings) -> Observation:
@@ -112,7 +112,7 @@ class LandingFiles(Source):
         files = self.discover(settings, None)
         newest = files[-1] if files else ""
         try:
-            mtime = (settings.landing / newest).stat().st_mtime_ns if newest else 0
+            mtime = (settings.landing / newest).mtime_ns() if newest else 0
         except OSError:
             mtime = 0
         return Observation(
@@ -123,13 +123,13 @@ class LandingFiles(Source):
 
     def unit_age_s(self, settings: Settings, unit: str) -> float | None:
         try:
-            return max(0.0, time.time() - (settings.landing / unit).stat().st_mtime)
+            return max(0.0, time.time() - (settings.landing / unit).mtime_ns() / 1e9)
         except OSError:
             return None
 
     def unit_size(self, settings: Settings, unit: str) -> int | None:
         try:
-            return (settings.landing / unit).stat().st_size
+            return (settings.landing / unit).size()
         except OSError:
             return None
 
@@ -164,14 +164,14 @@ class LandingSource(LandingFiles):
         _check_planned(self.check_available(settings, offsets))
         return _read_binary(spark, settings.landing, files, then=fn, schema=schema)
 
-    def read_files(self, spark: SparkSession, root: Path, files: list[str]) -> DataFrame:
+    def read_files(self, spark: SparkSession, root: Location, files: list[str]) -> DataFrame:
         if files and all(_binary_readable(root / f) for f in files):
             return _read_binary(spark, root, files)
         # Registered on every read: a Spark Connect session can change under us.
         spark.dataSource.register(_LinesDataSource)
         return (
             spark.read.format(_LinesDataSource.name())
-            .option("root", str(root))
+            .option("root", root.uri)
             .option("files", json.dumps(files))
             .load()
         )
@@ -185,12 +185,14 @@ ONE_TASK_MAX_BYTES = 16 << 20
 _HADOOP_UNSAFE = frozenset(":*?[]{}\\#%")
 
 
-def _binary_readable(path: Path) -> bool:
+def _binary_readable(path: Location) -> bool:
     try:
-        size = path.stat().st_size
+        size = path.size()
     except OSError:
         return False
-    return size < BINARY_READ_MAX_BYTES and not _HADOOP_UNSAFE.intersection(str(path))
+    if not path.is_local:  # read whole by pyarrow on the executors: any name will do
+        return size < BINARY_READ_MAX_BYTES
+    return size < BINARY_READ_MAX_BYTES and not _HADOOP_UNSAFE.intersection(path.uri)
 
 
 def _check_planned(problems: list[str]) -> None:
@@ -204,21 +206,22 @@ def _check_planned(problems: list[str]) -> None:
 
 def _read_binary(
     spark: SparkSession,
-    root: Path,
+    root: Location,
     files: list[str],
     *,
     then: BatchFunction | None = None,
     schema: str = "",
 ) -> DataFrame:
-    """The lines of `files`, read by Spark's native binary-file reader and split on the
-    executors, then passed through `then` (output `schema`) in the same Python step."""
-    full = [str((root / rel).absolute()) for rel in files]
+    """The lines of `files`, each read whole (by Spark's binary-file reader on a local folder,
+    by pyarrow on an object store) and split on the executors, then passed through `then`
+    (output `schema`) in the same Python step."""
+    if not root.is_local:
+        return _read_remote(spark, root, files, then=then, schema=schema)
+    full = [(root / rel).uri for rel in files]
     index = {path: (i, rel) for i, (path, rel) in enumerate(zip(full, files, strict=True))}
 
     def split(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from urllib.parse import unquote, urlparse
-
-        import pyarrow as pa
 
         for batch in batches:
             for uri, content in zip(
@@ -230,26 +233,16 @@ def _read_binary(
                 )
                 if found is None:
                     raise SourceError(f"the binary reader returned a file not asked for: {uri}")
-                file_idx, rel = found
-                lines = content.split(b"\n")
-                if lines[-1] == b"":  # the newline that ends the last line starts no new one
-                    lines.pop()
-                if lines:
-                    yield pa.RecordBatch.from_pydict(
-                        {
-                            "_file_idx": pa.array([file_idx] * len(lines), pa.int32()),
-                            "_source_file": [rel] * len(lines),
-                            "_source_line": pa.array(range(1, len(lines) + 1), pa.int64()),
-                            "_raw": pa.array(lines, pa.binary()),
-                        }
-                    )
+                lines = _lines_batch(*found, content)
+                if lines is not None:
+                    yield lines
 
     def split_then(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         assert then is not None
         return then(split(batches))
 
     files_frame = spark.read.format("binaryFile").load(full).select("path", "content")
-    if sum((root / rel).stat().st_size for rel in files) <= ONE_TASK_MAX_BYTES:
+    if sum((root / rel).size() for rel in files) <= ONE_TASK_MAX_BYTES:
         # A small window is read, parsed and deduplicated by one task: no shuffle to find
         # first occurrences, and one file per output.
         files_frame = files_frame.coalesce(1)
@@ -258,8 +251,59 @@ def _read_binary(
     return files_frame.mapInArrow(split_then, schema)
 
 
+def _lines_batch(file_idx: int, rel: str, content: bytes) -> pa.RecordBatch | None:
+    """The lines of one file's content as a raw-line batch (None for an empty file)."""
+    import pyarrow as pa
+
+    lines = content.split(b"\n")
+    if lines[-1] == b"":  # the newline that ends the last line starts no new one
+        lines.pop()
+    if not lines:
+        return None
+    return pa.RecordBatch.from_pydict(
+        {
+            "_file_idx": pa.array([file_idx] * len(lines), pa.int32()),
+            "_source_file": [rel] * len(lines),
+            "_source_line": pa.array(range(1, len(lines) + 1), pa.int64()),
+            "_raw": pa.array(lines, pa.binary()),
+        }
+    )
+
+
+def _read_remote(
+    spark: SparkSession,
+    root: Location,
+    files: list[str],
+    *,
+    then: BatchFunction | None = None,
+    schema: str = "",
+) -> DataFrame:
+    """`_read_binary` for an object store: a frame of the file names, each file fetched whole
+    by pyarrow on the executor that splits it (Spark's Hadoop filesystem has no S3 here)."""
+
+    def split(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for file_idx, rel in zip(
+                batch.column("_file_idx").to_pylist(), batch.column("rel").to_pylist(), strict=True
+            ):
+                lines = _lines_batch(file_idx, rel, (root / rel).read_bytes())
+                if lines is not None:
+                    yield lines
+
+    def split_then(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        assert then is not None
+        return then(split(batches))
+
+    listing = spark.createDataFrame(list(enumerate(files)), "_file_idx INT, rel STRING")
+    if sum((root / rel).size() for rel in files) <= ONE_TASK_MAX_BYTES:
+        listing = listing.coalesce(1)  # as for a local folder: one task for a small window
+    if then is None:
+        return listing.mapInArrow(split, RAW_SCHEMA)
+    return listing.mapInArrow(split_then, schema)
+
+
 def _iter_lines(root: str, file_idx: int, rel: str) -> Iterator[tuple[int, str, int, bytes]]:
-    with open(Path(root) / rel, "rb") as handle:
+    with open_input(root, rel) as handle:
         for number, line in enumerate(handle, start=1):
             yield (file_idx, rel, number, line.rstrip(b"\n"))
 

@@ -59,6 +59,7 @@ from onceflow.sources._typed import (
     typed_columns_batch,
 )
 from onceflow.sources.landing import FilePartition, LandingFiles
+from onceflow.storage import Location
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -99,9 +100,9 @@ class ParquetSource(LandingFiles):
     def describe(self) -> str:
         return f"Parquet landing files `{self.folder}/*{self.suffix}` ({len(self.schema)} columns)"
 
-    def read_files(self, spark: SparkSession, root: Path, files: list[str]) -> DataFrame:
+    def read_files(self, spark: SparkSession, root: Location, files: list[str]) -> DataFrame:
         assert isinstance(self.schema, Schema)
-        return read_typed(spark, _ParquetDataSource, self.schema, str(root), files)
+        return read_typed(spark, _ParquetDataSource, self.schema, root.uri, files)
 
 
 def _family(arrow_type: pa.DataType) -> str:
@@ -367,7 +368,7 @@ def _invalid_batch(
 
 
 def iter_parquet_file(
-    path: Path,
+    path: Path | Location,
     file_idx: int,
     source_file: str,
     schema: Schema,
@@ -386,7 +387,10 @@ def iter_parquet_file(
         OSError: The file cannot be opened (gone, not permitted): the task fails rather than
             reporting input it never saw.
     """
-    handle = pa.OSFile(str(path))
+    if isinstance(path, Location) and not path.is_local:
+        handle = pa.BufferReader(path.read_bytes())
+    else:
+        handle = pa.OSFile(str(path))
     try:
         # Only pyarrow's own reading counts as damage; a failure in the conversions below is a
         # bug and must fail the task, not be reported as a bad file.
@@ -449,7 +453,10 @@ class _ParquetReader(DataSourceReader):
             return iter(())
         assert isinstance(partition, FilePartition)
         return iter_parquet_file(
-            Path(self.root) / partition.path, partition.index, partition.path, self.schema
+            Location.parse(self.root) / partition.path,
+            partition.index,
+            partition.path,
+            self.schema,
         )
 
 
