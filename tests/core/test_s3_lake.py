@@ -216,3 +216,32 @@ def test_landing_files_on_the_store_too(site: S3Site) -> None:
             (local / name).write_bytes((landing / "payments" / name).read_bytes())
     assert len(list(local.iterdir())) == 8
     site.assert_exact()
+
+
+def test_reconcile_repairs_damage_done_to_the_table_on_the_store(site: S3Site) -> None:
+    """Rows deleted and a row doubled outside onceflow: reconcile finds both and repairs the
+    table on the store in one commit (its diff is spilled under the lake, on the store)."""
+    from deltalake import write_deltalake
+
+    paid = site.payments(max_files=3)
+    assert paid.returncode == 0, paid.stderr[-2000:]
+    site.assert_exact()
+
+    path = site.lake / "payments"
+    table = DeltaTable(path.uri, storage_options=path.delta_options())
+    rows = table.to_pyarrow_table()
+    victims = rows.column("payment_id").to_pylist()[:5]
+    table.delete(" OR ".join(f"payment_id = '{v}'" for v in victims))
+    doubled = rows.slice(10, 1)
+    write_deltalake(path.uri, doubled, mode="append", storage_options=path.delta_options())
+    with pytest.raises(AssertionError):
+        site.assert_exact()
+
+    repaired = site.cli("reconcile", "payments")
+    assert repaired.returncode == 0, repaired.stderr[-2000:]
+    line = next(x for x in repaired.stdout.splitlines() if x.startswith("lake_payments"))
+    assert line.split() == ["lake_payments", "5", "1", "0", "repaired"], repaired.stdout
+    site.assert_exact()
+    again = site.cli("reconcile", "payments", "--dry-run")
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert again.stdout.rstrip().endswith("clean") and "NOT" not in again.stdout, again.stdout
