@@ -274,6 +274,27 @@ def cmd_spark_cluster(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_s3_server(args: argparse.Namespace) -> int:
+    from onceflow.s3_server import LocalS3
+
+    ended = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: ended.set())
+    with LocalS3(host=args.host, port=args.port) as server:
+        for bucket in args.bucket:
+            server.create_bucket(bucket)
+        settings = " ".join(f"{k}={v}" for k, v in server.env().items())
+        print(
+            f"onceflow s3-server: a local S3-compatible store on {server.endpoint} (in memory, "
+            f"gone when it stops), bucket(s) {', '.join(args.bucket) or 'none'}; runs use it "
+            f"with {settings} ONCEFLOW_LAKE=s3://<bucket>/lake",
+            file=sys.stderr,
+            flush=True,
+        )
+        ended.wait()
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="onceflow", description="Exactly-once Spark jobs into Delta Lake and PostgreSQL."
@@ -372,6 +393,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--work-dir", default="spark-cluster", help="workers' folders and logs (./spark-cluster)"
     )
     clu.set_defaults(func=cmd_spark_cluster)
+
+    s3s = sub.add_parser(
+        "s3-server", help="run a local S3-compatible store for a lake on object storage (tests)"
+    )
+    s3s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    s3s.add_argument("--port", type=int, default=9000, help="port (default 9000)")
+    s3s.add_argument("--bucket", action="append", default=[], help="bucket to create (repeatable)")
+    s3s.set_defaults(func=cmd_s3_server)
 
     demo = sub.add_parser("demo", help="generate, crash mid-commit, recover, validate")
     demo.add_argument("--records", type=int, default=20000)

@@ -159,7 +159,9 @@ def generate_payments(
     )
 
 
-def generate_payments_into(landing: Location, *, job: str = "payments", **options: Any) -> GeneratedInput:
+def generate_payments_into(
+    landing: Location, *, job: str = "payments", **options: Any
+) -> GeneratedInput:
     """`generate_payments` into a landing location: a local folder, or an object store where
     each file is written with one PUT (visible whole or not at all), in name order.
 

@@ -219,13 +219,18 @@ def test_landing_files_on_the_store_too(site: S3Site) -> None:
 
 
 def test_reconcile_repairs_damage_done_to_the_table_on_the_store(site: S3Site) -> None:
-    """Rows deleted and a row doubled outside onceflow: reconcile finds both and repairs the
-    table on the store in one commit (its diff is spilled under the lake, on the store)."""
+    """The suites pass on a table on the store; then rows deleted and a row doubled outside
+    onceflow: reconcile finds both and repairs the table on the store in one commit (its diff is
+    spilled under the lake, on the store)."""
     from deltalake import write_deltalake
 
     paid = site.payments(max_files=3)
     assert paid.returncode == 0, paid.stderr[-2000:]
     site.assert_exact()
+    # The Great Expectations suites read the table on the store: every check passes.
+    checked = site.cli("validate", "payments")
+    assert checked.returncode == 0, checked.stdout[-2000:] + checked.stderr[-2000:]
+    assert "lake_payments" in checked.stdout
 
     path = site.lake / "payments"
     table = DeltaTable(path.uri, storage_options=path.delta_options())
@@ -245,3 +250,36 @@ def test_reconcile_repairs_damage_done_to_the_table_on_the_store(site: S3Site) -
     again = site.cli("reconcile", "payments", "--dry-run")
     assert again.returncode == 0, again.stderr[-2000:]
     assert again.stdout.rstrip().endswith("clean") and "NOT" not in again.stdout, again.stdout
+
+
+def test_the_s3_server_command_serves_until_sigterm(tmp_path: Path) -> None:
+    import subprocess
+    import time
+
+    from onceflow.spark_server import free_port
+    from tests.support.cli import ONCEFLOW
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [ONCEFLOW, "s3-server", "--port", str(port), "--bucket", "demo"],
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        assert f"http://127.0.0.1:{port}" in line and "ONCEFLOW_LAKE=s3://" in line, line
+        server = LocalS3(port=port)
+        spot = Location.parse("s3://demo/probe.txt", server.env())
+        spot.write_bytes(b"here")
+        assert spot.read_bytes() == b"here"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        deadline = time.monotonic() + 10
+        while server.up() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not server.up()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
