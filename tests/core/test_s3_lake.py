@@ -146,6 +146,25 @@ def test_payments_exact_when_the_answer_to_a_put_is_lost(site: S3Site, target: s
     assert sorted(windows) == sorted(set(windows)), windows
 
 
+def test_payments_exact_when_listings_show_new_log_entries_late(site: S3Site) -> None:
+    """A store whose listings show a new Delta log entry only seconds after it was written: a
+    commit made on a stale snapshot meets the entry it cannot see, reads it by name, and tries
+    again; nothing is lost or doubled."""
+    proxy = S3Proxy(
+        f"{site.s3.host}:{site.s3.port}",
+        hide_path=r"/lake/payments/_delta_log/(?!0{20}\.json)\d{20}\.json$",
+        hide_for_s=2.0,
+    ).start()
+    try:
+        site.endpoint = proxy.endpoint
+        first = site.payments(max_files=1)
+        assert proxy.hidden, "no listing left a new log entry out"
+        assert first.returncode == 0, first.stderr[-2000:]
+    finally:
+        proxy.stop()
+    site.assert_exact()
+
+
 @pytest.mark.parametrize("point", ["before_sinks", "pg_commit_sent", "after_commits"])
 def test_daily_totals_on_an_s3_lake_crash_then_rerun_is_exact(site: S3Site, point: str) -> None:
     paid = site.payments(max_files=2)

@@ -1,8 +1,11 @@
-"""An HTTP proxy in front of the local S3 server that can lose the answer to a PUT.
+"""An HTTP proxy in front of the local S3 server that can lose the answer to a PUT, or list
+new objects late.
 
-The PUT reaches the server and is carried out; the proxy then cuts the client's connection
-instead of passing the answer on, as a network that fails after the request landed does. Which
-PUTs lose their answer is chosen by a regular expression on the object's path and a count.
+A lost answer: the PUT reaches the server and is carried out; the proxy then cuts the client's
+connection instead of passing the answer on, as a network that fails after the request landed
+does. Which PUTs lose their answer is chosen by a regular expression on the object's path and a
+count. A late listing: objects whose key matches `hide_path` are left out of listings for
+`hide_for_s` seconds after they were written, as an eventually consistent store does.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import re
 import socket
 import struct
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -35,6 +39,10 @@ class S3Proxy:
     drop_path: str | None = None
     drop_from: int = 1
     drop_count: int = 1
+    hide_path: str | None = None
+    hide_for_s: float = 0.0
+    hidden: int = 0  # listing entries left out so far
+    written: dict[str, float] = field(default_factory=dict)  # key (bucket/…) -> when
     lost: list[LostAnswer] = field(default_factory=list)
     puts: list[str] = field(default_factory=list)
     _matches: int = 0
@@ -83,8 +91,12 @@ class S3Proxy:
                     data = reply.read()
                 finally:
                     conn.close()
-                path = self.path.split("?", 1)[0]
+                path, _, query = self.path.partition("?")
+                if self.command == "GET" and "list-type=2" in query:
+                    bucket = path.strip("/").split("/", 1)[0]
+                    data = proxy._late_listing(bucket, data)
                 if self.command == "PUT":
+                    proxy.written[path.lstrip("/")] = time.monotonic()
                     proxy.puts.append(path)
                     if proxy._should_drop(path):
                         proxy.lost.append(LostAnswer(path, reply.status))
@@ -113,6 +125,27 @@ class S3Proxy:
         self._server.daemon_threads = True
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
         return self
+
+    def _late_listing(self, bucket: str, body: bytes) -> bytes:
+        """The listing without the matching objects written less than `hide_for_s` ago."""
+        if self.hide_path is None:
+            return body
+        now = time.monotonic()
+
+        def keep(entry: re.Match[bytes]) -> bytes:
+            key = re.search(rb"<Key>(.*?)</Key>", entry.group(0))
+            name = f"{bucket}/{key.group(1).decode()}" if key else ""
+            written = self.written.get(name)
+            if (
+                written is not None
+                and now - written < self.hide_for_s
+                and re.search(self.hide_path, "/" + name)
+            ):
+                self.hidden += 1
+                return b""
+            return entry.group(0)
+
+        return re.sub(rb"<Contents>.*?</Contents>", keep, body, flags=re.S)
 
     def _should_drop(self, path: str) -> bool:
         if self.drop_path is None or not re.search(self.drop_path, path):

@@ -132,12 +132,13 @@ class DeltaTableSink:
         *,
         on_conflict: Callable[[], None] | None = None,
         retry_on_conflict: bool = True,
-    ) -> T | DeltaTable:
+    ) -> T | int:
         """Check on a snapshot, commit on that snapshot, and decide again after a conflict.
 
         `attempt(table)` returns a result to stop without committing (already there), or None
         to commit `actions(table)` with `properties(table)`. Returns the stop result, or the
-        table after the commit.
+        version committed. The table is not loaded again after a commit: on an object store a
+        listing may not show the new entry yet, and a commit made on version `v` is `v + 1`.
         """
         delay = 0.05
         for n in range(COMMIT_ATTEMPTS):
@@ -148,27 +149,33 @@ class DeltaTableSink:
             token = uuid.uuid4().hex
             props = properties(table)
             props.custom_metadata = {**(props.custom_metadata or {}), COMMIT_TOKEN: token}
+            base = table.version()
             try:
                 table.create_write_transaction(
                     actions(table), mode="append", schema=table.schema(), commit_properties=props
                 )
             except Exception as exc:
-                # The commit may have landed though its answer was lost: on an object store a
-                # retried conditional put then meets its own log entry and fails as a conflict.
-                # Its files are the table's now, so it counts as done and nothing is removed.
-                landed = self._landed(token, table.version())
+                # The commit may have landed though the call failed: its answer lost (a retried
+                # conditional put then meets its own entry and fails as a conflict), or an error
+                # after the entry was written. Its files are the table's now: it counts as done
+                # and nothing is removed.
+                landed = self._landed(token, base)
                 if landed is not None:
                     _log.warning(
-                        "sink %s: the commit's answer was lost, but it landed as version %d",
+                        "sink %s: the commit failed (%s) after its log entry was written; it "
+                        "landed as version %d",
                         self.sink,
+                        type(exc).__name__,
                         landed,
                     )
-                    return self._at(landed)
+                    return landed
                 if not isinstance(exc, CommitFailedError):
                     raise
-                if on_conflict:
+                # The entry we raced for is there and not ours (read directly: a listing may
+                # not show it yet): a real conflict, so our files are unused.
+                moved = self._entry(base + 1) is not None
+                if on_conflict and moved:
                     on_conflict()
-                moved = self.table().version() > table.version()
                 if not moved:
                     raise SinkError(
                         f"sink {self.sink}: Delta refused the commit without a conflicting "
@@ -184,26 +191,35 @@ class DeltaTableSink:
                 time.sleep(delay)
                 delay = min(delay * 2, MAX_BACKOFF_S)
                 continue
-            table.update_incremental()
-            return table
+            return base + 1
         raise TransientSinkError(
             f"sink {self.sink}: lost {COMMIT_ATTEMPTS} commit races in a row on {self.path}; "
             "another writer keeps committing. Run again."
         )
 
     def _landed(self, token: str, base: int) -> int | None:
-        """The version after `base` whose commit carries `token`, if one does."""
-        table = self.table()
-        newer = table.version() - base
-        if newer <= 0:
-            return None
-        for entry in table.history(limit=newer):
-            if entry.get(COMMIT_TOKEN) == token:
-                return int(entry["version"])
-        return None
+        """`base + 1` if the commit made on version `base` landed: that log entry carries its
+        `token`. The entry is read by name, not found by listing, which on an object store may
+        not show a new entry yet; a commit made on `base` can only be `base + 1`."""
+        info = self._entry(base + 1)
+        return base + 1 if info is not None and info.get(COMMIT_TOKEN) == token else None
 
-    def _at(self, version: int) -> DeltaTable:
-        return DeltaTable(self.path.uri, version=version, storage_options=self.options)
+    def _entry(self, version: int) -> dict[str, Any] | None:
+        """The commit info of log entry `version`, None if there is no such entry."""
+        entry = self.path / "_delta_log" / f"{version:020d}.json"
+        try:
+            lines = entry.read_bytes().splitlines()
+        except FileNotFoundError:
+            return None
+        except OSError:
+            if entry.is_file():
+                raise
+            return None
+        for line in lines:
+            action = json.loads(line)
+            if "commitInfo" in action:
+                return dict(action["commitInfo"])
+        return {}
 
     def claim_epoch(self, epoch: int) -> None:
         """Record `epoch` in the table, so any commit of an older run fails from now on."""
@@ -318,7 +334,7 @@ class DeltaTableSink:
         )
         if isinstance(done, DeltaCommit):
             return done
-        return DeltaCommit(done.version(), rows, False)
+        return DeltaCommit(done, rows, False)
 
     def replace_window(
         self,
@@ -365,7 +381,7 @@ class DeltaTableSink:
         )
         if isinstance(done, DeltaCommit):
             return done
-        return DeltaCommit(done.version(), rows, False)
+        return DeltaCommit(done, rows, False)
 
     def _rewrite_without_window(
         self, table: DeltaTable, window_id: int, epoch: int
@@ -429,6 +445,7 @@ class DeltaTableSink:
         """
         self._check(table, 0, epoch)
         token = uuid.uuid4().hex
+        base = table.version()
         try:
             table.create_write_transaction(
                 [*removes, *adds],
@@ -448,8 +465,8 @@ class DeltaTableSink:
                 ),
             )
         except Exception as exc:
-            landed = self._landed(token, table.version())
-            if landed is not None:  # it landed though its answer was lost
+            landed = self._landed(token, base)
+            if landed is not None:  # it landed though the call failed
                 return landed
             if not isinstance(exc, CommitFailedError):
                 raise
@@ -458,8 +475,7 @@ class DeltaTableSink:
                 f"sink {self.sink}: the Delta table changed while it was being reconciled; "
                 "nothing was changed. Run reconcile again."
             ) from None
-        table.update_incremental()
-        return table.version()
+        return base + 1
 
     def _check(
         self, table: DeltaTable, window_id: int, epoch: int, require_committed: bool = False
