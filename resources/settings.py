@@ -15,8 +15,10 @@ class OnceflowSettingsResource(ConfigurableResource):
 
     Attributes:
         home: Folder for embedded state (`ONCEFLOW_HOME`, default `.onceflow`).
-        lake: Root of the Delta tables (`ONCEFLOW_LAKE`, default `<home>/lake`).
-        landing: Root of the landing files (`ONCEFLOW_LANDING`, default `<home>/landing`).
+        lake: Root of the Delta tables (`ONCEFLOW_LAKE`, default `<home>/lake`): a folder or
+            `s3://bucket/prefix`.
+        landing: Root of the landing files (`ONCEFLOW_LANDING`, default `<home>/landing`): a
+            folder or `s3://bucket/prefix`.
     """
 
     home: str = ""
