@@ -165,7 +165,18 @@ def test_payments_exact_when_listings_show_new_log_entries_late(site: S3Site) ->
     site.assert_exact()
 
 
-@pytest.mark.parametrize("point", ["before_sinks", "pg_commit_sent", "after_commits"])
+# daily_totals's own fault points (its only sink is PostgreSQL, so no `after_delta`).
+TOTALS_POINTS = (
+    "plan",
+    "before_sinks",
+    "after_postgres",
+    "before_pg_commit",
+    "pg_commit_sent",
+    "after_commits",
+)
+
+
+@pytest.mark.parametrize("point", TOTALS_POINTS)
 def test_daily_totals_on_an_s3_lake_crash_then_rerun_is_exact(site: S3Site, point: str) -> None:
     paid = site.payments(max_files=2)
     assert paid.returncode == 0, paid.stderr[-2000:]
