@@ -78,3 +78,30 @@ def test_payments_exact_on_a_two_worker_cluster_through_a_crash(
     work = cluster.config.work_dir
     for worker in ("worker-0", "worker-1"):
         assert list((work / worker).glob("app-*")), f"no executor ran on {worker}"
+
+
+def test_payments_exact_on_the_cluster_with_lake_and_landing_on_a_store(
+    cluster: StandaloneCluster, pg_dsn: str, landing: Path, tmp_path: Path
+) -> None:
+    """Nothing shared between the machines but the store and PostgreSQL: the lake and the
+    landing files on the local S3 server, the job on the two workers, killed and run again."""
+    from onceflow.s3_server import LocalS3
+    from onceflow.storage import Location
+
+    generate_payments(landing, records=3000, files=6, duplicate_rate=0.1, invalid_rate=0.05)
+    with LocalS3(log=tmp_path / "s3.log") as s3:
+        s3.create_bucket("shared")
+        store_landing = Location.parse("s3://shared/landing", s3.env())
+        for path in sorted((landing / "payments").iterdir()):
+            (store_landing / "payments" / path.name).write_bytes(path.read_bytes())
+        lake = Location.parse("s3://shared/lake", s3.env())
+        home = tmp_path / "home"
+        env = cli_env(home=home, dsn=pg_dsn, lake=lake.uri, landing=store_landing.uri)  # type: ignore[arg-type]
+        env.update(s3.env(), ONCEFLOW_SPARK_MASTER=cluster.url)
+        args = ["run", "payments", "--max-files-per-window", "2"]
+        crashed = CliRun(args, {**env, "ONCEFLOW_FAULT": "after_delta@2"}, home / "logs").finish()
+        assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
+        rerun = CliRun(args, env, home / "logs").finish()
+        assert rerun.returncode == 0, rerun.stderr[-2000:]
+        assert_exact(expected_outputs(landing), actual_outputs(pg_dsn, lake))
+        assert not (home / "lake").exists() and not (home / "landing").exists()
