@@ -10,9 +10,9 @@ not a conflict (delta-rs raises it for unsupported features too) and fails the c
 
 Executors write the Parquet data files straight into the table folder, through pyarrow's
 filesystem (local or S3), and report each file's size and rows; the driver commits those add
-actions and never lists the folder. On S3 the log entry is a conditional put: a commit whose
-answer was lost and is retried meets its own entry, fails as a conflict, and the reload then
-finds the window committed.
+actions and never lists the folder. On S3 the log entry is a conditional put. A failed commit
+is decided by reading, by name, the entry it tried to write: one carrying its token means it
+landed (its answer was lost, or delta-rs failed after writing it), and its files are kept.
 """
 
 from __future__ import annotations
