@@ -283,11 +283,16 @@ def cmd_s3_server(args: argparse.Namespace) -> int:
     with LocalS3(host=args.host, port=args.port) as server:
         for bucket in args.bucket:
             server.create_bucket(bucket)
-        settings = " ".join(f"{k}={v}" for k, v in server.env().items())
+        # Every setting a run needs but the secret key, which is never printed (it is the
+        # local server's fixed key: LOCAL_SECRET_KEY, shown in docs/scale.md).
+        settings = " ".join(
+            f"{k}={v}" for k, v in server.env().items() if k != "AWS_SECRET_ACCESS_KEY"
+        )
         print(
             f"onceflow s3-server: a local S3-compatible store on {server.endpoint} (in memory, "
             f"gone when it stops), bucket(s) {', '.join(args.bucket) or 'none'}; runs use it "
-            f"with {settings} ONCEFLOW_LAKE=s3://<bucket>/lake",
+            f"with {settings}, AWS_SECRET_ACCESS_KEY set to the local server's key "
+            "(docs/scale.md) and ONCEFLOW_LAKE=s3://<bucket>/lake",
             file=sys.stderr,
             flush=True,
         )

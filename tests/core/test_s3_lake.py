@@ -19,7 +19,7 @@ import pytest
 from deltalake import DeltaTable
 
 from onceflow.generate import generate_payments
-from onceflow.s3_server import LocalS3
+from onceflow.s3_server import LOCAL_SECRET_KEY, LocalS3
 from onceflow.storage import Location
 from tests.support.cli import CliRun, Finished, cli_env
 from tests.support.daily_totals_oracle import (
@@ -300,6 +300,7 @@ def test_the_s3_server_command_serves_until_sigterm(tmp_path: Path) -> None:
         assert proc.stderr is not None
         line = proc.stderr.readline()
         assert f"http://127.0.0.1:{port}" in line and "ONCEFLOW_LAKE=s3://" in line, line
+        assert LOCAL_SECRET_KEY not in line  # no secret is printed, not even the local one
         server = LocalS3(port=port)
         spot = Location.parse("s3://demo/probe.txt", server.env())
         spot.write_bytes(b"here")
