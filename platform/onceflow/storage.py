@@ -150,10 +150,6 @@ class Location:
             raise TypeError(f"{self.uri} is not a local folder")
         return Path(self.uri)
 
-    @property
-    def name(self) -> str:
-        return posixpath.basename(self.uri.rstrip("/"))
-
     def __truediv__(self, part: str) -> Location:
         part = str(part).strip("/")
         if self.s3 is None:
@@ -273,18 +269,6 @@ class Location:
         selector = pafs.FileSelector(self.fs_path, allow_not_found=True, recursive=False)
         names = (posixpath.basename(i.path) for i in self.filesystem().get_file_info(selector))
         return sorted(n for n in names if n.startswith(pattern_prefix))
-
-    def read_parquet_rows(self) -> int:
-        """Rows of the Parquet files directly under this location, from their footers."""
-        import pyarrow.parquet as pq
-
-        fs = self.filesystem()
-        total = 0
-        for info in self.files():
-            if info.path.endswith(".parquet"):
-                with fs.open_input_file(info.path) as handle:
-                    total += pq.read_metadata(handle).num_rows
-        return total
 
 
 def open_input(root: str, rel: str) -> BinaryIO:

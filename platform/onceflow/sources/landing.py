@@ -237,18 +237,32 @@ def _read_binary(
                 if lines is not None:
                     yield lines
 
+    files_frame = spark.read.format("binaryFile").load(full).select("path", "content")
+    return _split_files(files_frame, root, files, split, then, schema)
+
+
+def _split_files(
+    frame: DataFrame,
+    root: Location,
+    files: list[str],
+    split: BatchFunction,
+    then: BatchFunction | None,
+    schema: str,
+) -> DataFrame:
+    """`frame` (one row per file) through `split`, then `then` (output `schema`) in the same
+    Python step."""
+
     def split_then(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         assert then is not None
         return then(split(batches))
 
-    files_frame = spark.read.format("binaryFile").load(full).select("path", "content")
     if sum((root / rel).size() for rel in files) <= ONE_TASK_MAX_BYTES:
         # A small window is read, parsed and deduplicated by one task: no shuffle to find
         # first occurrences, and one file per output.
-        files_frame = files_frame.coalesce(1)
+        frame = frame.coalesce(1)
     if then is None:
-        return files_frame.mapInArrow(split, RAW_SCHEMA)
-    return files_frame.mapInArrow(split_then, schema)
+        return frame.mapInArrow(split, RAW_SCHEMA)
+    return frame.mapInArrow(split_then, schema)
 
 
 def _lines_batch(file_idx: int, rel: str, content: bytes) -> pa.RecordBatch | None:
@@ -290,16 +304,8 @@ def _read_remote(
                 if lines is not None:
                     yield lines
 
-    def split_then(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        assert then is not None
-        return then(split(batches))
-
     listing = spark.createDataFrame(list(enumerate(files)), "_file_idx INT, rel STRING")
-    if sum((root / rel).size() for rel in files) <= ONE_TASK_MAX_BYTES:
-        listing = listing.coalesce(1)  # as for a local folder: one task for a small window
-    if then is None:
-        return listing.mapInArrow(split, RAW_SCHEMA)
-    return listing.mapInArrow(split_then, schema)
+    return _split_files(listing, root, files, split, then, schema)
 
 
 def _iter_lines(root: str, file_idx: int, rel: str) -> Iterator[tuple[int, str, int, bytes]]:
