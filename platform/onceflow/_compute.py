@@ -47,18 +47,27 @@ class Computed:
     outputs: dict[str, DataFrame]
 
     def counts_frame(self) -> DataFrame:
-        """One row, `(writer, result)` as `sinks.writers.run_writers` returns them: writer
-        COUNTS, result the JSON of the rows read (`rows_in`), invalid and kept."""
+        """Two rows, `(writer, result)` as `sinks.writers.run_writers` returns them: writer
+        COUNTS, results the JSON of the rows read (`rows_in`) and invalid, and of the rows kept.
+
+        A union, not a join of the two counts: a join would broadcast one side in a Spark job
+        of its own, before the window's write job."""
         from pyspark.sql import functions as F
 
         read = self.parsed.agg(
-            F.count(F.lit(1)).alias("rows_in"), F.count(F.col(REASON_COLUMN)).alias("invalid")
-        )
-        kept = self.kept.agg(F.count(F.lit(1)).alias("kept"))
-        return read.crossJoin(kept).select(
             F.lit(COUNTS).alias("writer"),
-            F.to_json(F.struct("rows_in", "invalid", "kept")).alias("result"),
+            F.to_json(
+                F.struct(
+                    F.count(F.lit(1)).alias("rows_in"),
+                    F.count(F.col(REASON_COLUMN)).alias("invalid"),
+                )
+            ).alias("result"),
         )
+        kept = self.kept.agg(
+            F.lit(COUNTS).alias("writer"),
+            F.to_json(F.struct(F.count(F.lit(1)).alias("kept"))).alias("result"),
+        )
+        return read.unionAll(kept)
 
     def release(self) -> None:
         self.kept.unpersist()
@@ -158,8 +167,8 @@ def compute(
             (earlier or unreplayable) window; later occurrences are duplicates.
         lookup: For one window: marks the rows whose key an earlier window kept (the key
             index), which are then duplicates; the kept rows carry the key as KEY_COL.
-        window_column: Whether the transform's outputs get WINDOW_COL (the quarantine output
-            always has it).
+        window_column: Whether the outputs (the transform's and the quarantine output) get
+            WINDOW_COL.
 
     Returns:
         The parsed and kept rows (cached, with WINDOW_COL) and every output, lazily.
@@ -177,10 +186,11 @@ def compute(
         if column not in parsed.columns:
             parsed = parsed.withColumn(column, F.lit(None).cast("string"))
     parsed = parsed.persist(StorageLevel.MEMORY_AND_DISK)
-    valid = parsed.where(F.col(REASON_COLUMN).isNull())
+    # Each DataFrame operation costs a few milliseconds of planning on every window, so
+    # filters are combined and SEEN_COL is dropped with KEY_COL, not on its own.
+    is_valid = F.col(REASON_COLUMN).isNull()
+    valid = parsed.where(is_valid & ~F.col(SEEN_COL) if lookup is not None else is_valid)
     invalid = parsed.where(F.col(REASON_COLUMN).isNotNull())
-    if lookup is not None:
-        valid = valid.where(~F.col(SEEN_COL)).drop(SEEN_COL)
     if job.dedupe is not None:
         keys = list(job.dedupe.key)
         missing = [k for k in keys if k not in valid.columns]
@@ -221,7 +231,7 @@ def compute(
                 F.col("_source_line").cast("bigint").alias("source_line"),
                 F.coalesce(F.col(RAW_TEXT_COLUMN), F.lit("")).alias("raw_line"),
                 F.col(REASON_COLUMN).alias("reason"),
-                F.col(WINDOW_COL),
+                *([F.col(WINDOW_COL)] if window_column else []),
             )
         )
     outputs = {

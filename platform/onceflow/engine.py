@@ -81,8 +81,8 @@ class WindowOutputs:
     ) -> dict[str, Any]:
         """The stats, from a sink write that ran `count_frames(writers)`."""
         if self.stats is None:
-            (counts,) = results[COUNTS]
-            self.stats = window_stats(dict(counts), quarantine=self.quarantine)
+            counts = {k: v for part in results[COUNTS] for k, v in part.items()}
+            self.stats = window_stats(counts, quarantine=self.quarantine)
             by_output = {w.output: rows_written(results[w.key]) for w in writers}
             self.stats["outputs"] = {
                 name: by_output[name]
@@ -899,7 +899,9 @@ class Engine:
             window_column=False,
         )
         frames = {
-            name: df.drop(WINDOW_COL) for name, df in computed.outputs.items() if name in names
+            name: df.drop(WINDOW_COL) if WINDOW_COL in df.columns else df
+            for name, df in computed.outputs.items()
+            if name in names
         }
         if dedupe is not None:
             state = self.job.sink(dedupe.state_sink)

@@ -269,3 +269,20 @@ def test_windows_after_the_first_compile_no_new_code_and_stay_exact(
     # Windows 4 and 5 are prepared after window 2 is done: the code of window 1 serves them.
     assert counts[5] == counts[2], counts
     assert_exact(expected_outputs(landing), actual_outputs(pg_dsn, lake))
+
+
+def test_each_window_is_read_counted_and_written_by_one_spark_job(
+    spark: Any, pg_dsn: str, lake: Path, landing: Path, tmp_path: Path
+) -> None:
+    # Scheduling a Spark job (and a broadcast, for a join) is a fixed cost of every window: its
+    # read, parse, key lookup, counts and every sink's writes share one job.
+    generate_payments(landing, records=2_000, files=4, duplicate_rate=0.1, invalid_rate=0.05)
+    tracker = spark.sparkContext.statusTracker()
+    before = set(tracker.getJobIdsForGroup())
+    engine = make_engine(spark, pg_dsn, lake, landing, tmp_path / "home")
+    result = engine.run(max_units_per_window=1)
+    jobs = set(tracker.getJobIdsForGroup()) - before
+    assert [w.window_id for w in result.windows] == [1, 2, 3, 4]
+    assert len(jobs) == 4, sorted(jobs)
+    assert all(w.stats["rows_in"] > w.stats["kept"] > 0 for w in result.windows), result.windows
+    assert_exact(expected_outputs(landing), actual_outputs(pg_dsn, lake))

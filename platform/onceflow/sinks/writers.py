@@ -108,11 +108,14 @@ def run_writers(
     frames = []
     for name, group in by_output.items():
         df = outputs[name]
+        columns = df.columns
         needed: list[str] = []
         for writer in group:
-            wanted = writer.columns(df.columns)
-            needed += [c for c in (wanted if wanted is not None else df.columns) if c not in needed]
-        frames.append(df.select(*needed).mapInArrow(_partition_function(group), _RESULT_SCHEMA))
+            wanted = writer.columns(columns)
+            needed += [c for c in (wanted if wanted is not None else columns) if c not in needed]
+        if needed != columns:  # a select is one more operation to plan
+            df = df.select(*needed)
+        frames.append(df.mapInArrow(_partition_function(group), _RESULT_SCHEMA))
     frames += list(also)
     results: dict[str, list[dict[str, Any]]] = {key: [] for key in keys}
     if not frames:
