@@ -36,7 +36,7 @@ COUNTS = "__counts"
 
 @dataclass(frozen=True)
 class Computed:
-    """A computation's cached intermediates and its outputs (each with WINDOW_COL).
+    """A computation's cached intermediates and its outputs (with WINDOW_COL if asked for).
 
     `parsed` and `kept` are persisted (memory, then local disk) so every output and every sink
     reads them once; `release` frees them.
