@@ -58,18 +58,23 @@ def _kind(cmdline: str) -> str | None:
     return None
 
 
+def _processes() -> Iterator[tuple[int, str]]:
+    """(pid, command line) of every process still running."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
+        except OSError:
+            continue
+        yield int(pid), cmdline.replace("\0", " ")
+
+
 def process_cpu() -> collections.Counter[str]:
     """CPU seconds used so far by this driver, the Spark JVM, its Python workers and the
     PostgreSQL server (processes that exited are not counted: short-lived PostgreSQL
     backends are missed)."""
     out: collections.Counter[str] = collections.Counter()
-    me = os.getpid()
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_text(errors="replace").replace("\0", " ")
-        except OSError:
-            continue
-        kind = "driver" if int(pid) == me else _kind(cmdline)
+    for pid, cmdline in _processes():
+        kind = "driver" if pid == os.getpid() else _kind(cmdline)
         found = _cpu_s(f"/proc/{pid}/stat") if kind else None
         if kind and found:
             out[kind] += found[1]
@@ -79,10 +84,10 @@ def process_cpu() -> collections.Counter[str]:
 def jvm_thread_cpu() -> collections.Counter[str]:
     """CPU seconds used so far inside the Spark JVM, by thread kind (digits folded)."""
     out: collections.Counter[str] = collections.Counter()
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+    for pid, cmdline in _processes():
+        if _kind(cmdline) != "Spark JVM":
+            continue
         try:
-            if "java" not in Path(f"/proc/{pid}/cmdline").read_text(errors="replace"):
-                continue
             threads = os.listdir(f"/proc/{pid}/task")
         except OSError:
             continue
@@ -191,9 +196,11 @@ def main(argv: list[str] | None = None) -> int:
         server_dsn = pgserver.get_server(work / "pg", cleanup_mode="stop").get_uri()
         landing, warm = work / "landing", work / "warm"
         per = args.files_per_window
-        generate_payments(landing, records=args.records, files=args.files, seed=1)
+        # The input of `payments_bench.py`: 5 % duplicates, 1 % invalid lines.
+        rates = {"duplicate_rate": 0.05, "invalid_rate": 0.01}
+        generate_payments(landing, records=args.records, files=args.files, seed=1, **rates)
         generate_payments(
-            warm, records=2 * per * (args.records // args.files), files=2 * per, seed=2
+            warm, records=2 * per * (args.records // args.files), files=2 * per, seed=2, **rates
         )
         conf = {
             "spark.eventLog.enabled": "true",
