@@ -8,8 +8,13 @@ database and lake each time, after a two-window warm-up) and prints, per repeat:
   committing, which overlap (the engine prepares window N+1 while N commits);
 - the window's Spark jobs, from Spark's event log: how many, their wall time and the JVM CPU
   of their tasks;
-- CPU seconds by process (the Spark JVM, its Python workers, this driver) and, inside the JVM,
-  by thread kind: the JIT compiler threads against the executor's task threads.
+- CPU seconds by process (the Spark JVM, its Python workers, this driver, the PostgreSQL server
+  with its exited backends) and, inside the JVM, by thread kind: the JIT compiler threads
+  against the executor's task threads;
+- how busy the machine's cores were, against what they could do in the wall time;
+- what PostgreSQL did (sessions, transactions, rows inserted, updated and deleted).
+
+`--peer` profiles the peer (`peer_pipeline.py`) the same way after each repeat.
 
 `--conf key=value` (repeatable) sets a Spark setting for the session, to compare one against
 the defaults. Nothing here is a pass/fail figure; it is what the next change is compared on.
@@ -28,24 +33,36 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from payments_bench import run_engine
+from payments_bench import run_engine, run_peer_pipeline
 
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def _cpu_s(stat_path: str) -> tuple[str, float] | None:
+def _cpu_s(stat_path: str, *, reaped: bool = False) -> tuple[str, float] | None:
+    """(name, CPU seconds) of a process or thread; `reaped`: add its exited children's."""
     try:
         raw = Path(stat_path).read_text()
     except OSError:
         return None
     name = raw[raw.index("(") + 1 : raw.rindex(")")]
     fields = raw.rsplit(")", 1)[1].split()
-    return name, (int(fields[11]) + int(fields[12])) / _TICKS
+    ticks = int(fields[11]) + int(fields[12])
+    if reaped:
+        ticks += int(fields[13]) + int(fields[14])
+    return name, ticks / _TICKS
+
+
+def machine_busy_s() -> float:
+    """CPU seconds every core of the machine has been busy, from /proc/stat."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, fields[:8])
+    return (user + nice + system + irq + softirq + steal) / _TICKS
 
 
 def _kind(cmdline: str) -> str | None:
@@ -54,7 +71,7 @@ def _kind(cmdline: str) -> str | None:
     if "pyspark.daemon" in cmdline or "pyspark.worker" in cmdline:
         return "Python workers"
     if "postgres" in cmdline:
-        return "PostgreSQL (live processes)"
+        return "PostgreSQL"
     return None
 
 
@@ -70,15 +87,28 @@ def _processes() -> Iterator[tuple[int, str]]:
 
 def process_cpu() -> collections.Counter[str]:
     """CPU seconds used so far by this driver, the Spark JVM, its Python workers and the
-    PostgreSQL server (processes that exited are not counted: short-lived PostgreSQL
-    backends are missed)."""
+    PostgreSQL server (with its backends that exited, which the server process has reaped)."""
     out: collections.Counter[str] = collections.Counter()
     for pid, cmdline in _processes():
         kind = "driver" if pid == os.getpid() else _kind(cmdline)
-        found = _cpu_s(f"/proc/{pid}/stat") if kind else None
+        found = _cpu_s(f"/proc/{pid}/stat", reaped=kind == "PostgreSQL") if kind else None
         if kind and found:
             out[kind] += found[1]
     return out
+
+
+def postgres_activity(dsn: str) -> dict[str, int]:
+    """The server's counters, over every database: sessions opened, transactions, rows."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT sum(sessions), sum(xact_commit + xact_rollback), sum(tup_inserted),"
+            " sum(tup_updated), sum(tup_deleted) FROM pg_stat_database"
+        ).fetchone()
+    assert row is not None
+    names = ("sessions", "transactions", "rows inserted", "rows updated", "rows deleted")
+    return dict(zip(names, (int(v or 0) for v in row), strict=True))
 
 
 def jvm_thread_cpu() -> collections.Counter[str]:
@@ -180,6 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--files-per-window", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument(
+        "--peer", action="store_true", help="after each repeat, profile the peer on the same input"
+    )
     args = parser.parse_args(argv)
 
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
@@ -210,48 +243,94 @@ def main(argv: list[str] | None = None) -> int:
         }
         spark = build_spark_session(app_name="onceflow-profile", conf=conf)
         run_engine(spark, server_dsn, work, warm, "exactly_once", "warm", per)
+        if args.peer:
+            run_peer_pipeline(spark, server_dsn, work, warm, per)
         timers = install_timers()
-        tracker = spark.sparkContext.statusTracker()
         print(f"machine: {os.cpu_count()} cores; extra Spark settings: {args.conf or 'none'}")
+
+        def profiled(run: Callable[[], Any]) -> tuple[Any, Usage]:
+            # From the event log, not the status tracker: the peer's streaming query runs its
+            # jobs in a job group of its own, which the tracker lists apart.
+            last_job = max((job[0] for job in spark_jobs(events, -1)), default=-1)
+            cpu0, threads0, busy0 = process_cpu(), jvm_thread_cpu(), machine_busy_s()
+            pg0 = postgres_activity(server_dsn)
+            out = run()
+            cpu, threads, busy = process_cpu() - cpu0, jvm_thread_cpu() - threads0, machine_busy_s()
+            time.sleep(1.5)  # a backend reports its counters at most once a second
+            pg = postgres_activity(server_dsn)
+            return out, Usage(
+                spark_jobs(events, last_job),
+                cpu,
+                threads,
+                busy - busy0,
+                {k: pg[k] - pg0[k] for k in pg},
+            )
+
         for rep in range(1, args.repeat + 1):
-            last_job = max(tracker.getJobIdsForGroup(), default=-1)
-            cpu0, threads0 = process_cpu(), jvm_thread_cpu()
             with timers.active():
-                m, _ = run_engine(spark, server_dsn, work, landing, "exactly_once", "p", per)
-            cpu, threads = process_cpu() - cpu0, jvm_thread_cpu() - threads0
-            report(rep, m, timers, spark_jobs(events, last_job), cpu, threads)
+                (m, _), usage = profiled(
+                    lambda: run_engine(spark, server_dsn, work, landing, "exactly_once", "p", per)
+                )
+            print(
+                f"\nrepeat {rep}: {m.seconds:.1f} s for {m.windows} windows "
+                f"({m.seconds / max(1, m.windows):.2f} s a window); "
+                f"latency p50 {statistics.median(m.window_latency):.2f} s"
+            )
+            report(max(1, m.windows), m.seconds, usage, timers)
+            if args.peer:
+                peer, usage = profiled(
+                    lambda: run_peer_pipeline(spark, server_dsn, work, landing, per)
+                )
+                print(
+                    f"  the peer: {peer.seconds:.1f} s for {peer.windows} batches "
+                    f"({peer.seconds / max(1, peer.windows):.2f} s a batch)"
+                )
+                report(max(1, peer.windows), peer.seconds, usage)
         spark.stop()
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0
 
 
-def report(
-    rep: int,
-    m: Any,
-    timers: Timers,
-    jobs: list[tuple[int, int, int]],
-    cpu: collections.Counter[str],
-    threads: collections.Counter[str],
-) -> None:
-    windows = max(1, m.windows)
-    latency = sorted(m.window_latency)
-    print(
-        f"\nrepeat {rep}: {m.seconds:.1f} s for {m.windows} windows "
-        f"({m.seconds / windows:.2f} s a window); latency p50 {statistics.median(latency):.2f} s"
-    )
-    for label in timers.labels:
-        seconds, calls = timers.seconds[label], timers.calls[label]
-        print(f"  {label:<34} {seconds / windows:6.3f} s a window ({calls} calls)")
-    if jobs:
-        walls, cpus = [j[1] for j in jobs], [j[2] for j in jobs]
+@dataclass(frozen=True)
+class Usage:
+    """What one profiled run used: its Spark jobs, CPU by process and JVM thread, the machine."""
+
+    jobs: list[tuple[int, int, int]]
+    cpu: collections.Counter[str]
+    threads: collections.Counter[str]
+    busy_s: float
+    postgres: dict[str, int]
+
+
+def report(windows: int, seconds: float, usage: Usage, timers: Timers | None = None) -> None:
+    if timers is not None:
+        for label in timers.labels:
+            total, calls = timers.seconds[label], timers.calls[label]
+            print(f"  {label:<34} {total / windows:6.3f} s a window ({calls} calls)")
+    if usage.jobs:
+        walls, cpus = [j[1] for j in usage.jobs], [j[2] for j in usage.jobs]
         print(
-            f"  Spark jobs: {len(jobs)} ({len(jobs) / windows:.1f} a window); median wall "
-            f"{statistics.median(walls):.0f} ms, median task JVM CPU {statistics.median(cpus):.0f} ms"
+            f"  Spark jobs: {len(usage.jobs)} ({len(usage.jobs) / windows:.1f} a window); median "
+            f"wall {statistics.median(walls):.0f} ms, median task JVM CPU "
+            f"{statistics.median(cpus):.0f} ms"
         )
-    print("  CPU seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in cpu.most_common()))
-    busiest = ", ".join(f"{k} {v:.1f}" for k, v in threads.most_common(4) if v >= 0.1)
+    cpu = usage.cpu
+    print(
+        f"  CPU seconds: {sum(cpu.values()):.1f} ({sum(cpu.values()) / windows:.2f} a window): "
+        + ", ".join(f"{k} {v:.1f}" for k, v in cpu.most_common())
+    )
+    capacity = seconds * (os.cpu_count() or 1)
+    print(
+        f"  machine busy: {usage.busy_s:.1f} of {capacity:.1f} core-seconds "
+        f"({usage.busy_s / capacity:.0%})"
+    )
+    busiest = ", ".join(f"{k} {v:.1f}" for k, v in usage.threads.most_common(4) if v >= 0.1)
     print(f"  JVM threads: {busiest}")
+    print(
+        "  PostgreSQL a window: "
+        + ", ".join(f"{v / windows:,.0f} {k}" for k, v in usage.postgres.items())
+    )
 
 
 if __name__ == "__main__":
