@@ -11,8 +11,10 @@ database and lake each time, after a two-window warm-up) and prints, per repeat:
 - CPU seconds by process (the Spark JVM, its Python workers, this driver, the PostgreSQL server
   with its exited backends) and, inside the JVM, by thread kind: the JIT compiler threads
   against the executor's task threads;
-- how busy the machine's cores were, against what they could do in the wall time;
-- what PostgreSQL did (sessions, transactions, rows inserted, updated and deleted).
+- how busy the machine's cores were, against what they could do in the wall time (every
+  process counts: run it on a quiet machine);
+- what PostgreSQL did (sessions, transactions, rows inserted, updated and deleted; the run's
+  fresh database and this profile's own queries add a session or two a run).
 
 `--peer` profiles the peer (`peer_pipeline.py`) the same way after each repeat.
 
@@ -255,16 +257,12 @@ def main(argv: list[str] | None = None) -> int:
             cpu0, threads0, busy0 = process_cpu(), jvm_thread_cpu(), machine_busy_s()
             pg0 = postgres_activity(server_dsn)
             out = run()
-            cpu, threads, busy = process_cpu() - cpu0, jvm_thread_cpu() - threads0, machine_busy_s()
+            cpu, threads = process_cpu() - cpu0, jvm_thread_cpu() - threads0
+            busy = machine_busy_s() - busy0
             time.sleep(1.5)  # a backend reports its counters at most once a second
             pg = postgres_activity(server_dsn)
-            return out, Usage(
-                spark_jobs(events, last_job),
-                cpu,
-                threads,
-                busy - busy0,
-                {k: pg[k] - pg0[k] for k in pg},
-            )
+            activity = {k: pg[k] - pg0[k] for k in pg}
+            return out, Usage(spark_jobs(events, last_job), cpu, threads, busy, activity)
 
         for rep in range(1, args.repeat + 1):
             with timers.active():
