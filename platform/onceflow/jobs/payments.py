@@ -6,6 +6,7 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from onceflow.job import Dedupe, Job, WindowContext
+from onceflow.jobs._payments_fast import parse_canonical
 from onceflow.jobs._payments_rules import Invalid, Payment, parse_payment_line
 from onceflow.sinks.delta import DeltaSink
 from onceflow.sinks.postgres import PostgresSink, quarantine_table
@@ -40,44 +41,77 @@ def _raw_text(raw: bytes) -> str:
     return raw.decode("utf-8", errors="backslashreplace").replace("\x00", "\\x00")
 
 
+_FIELDS = ("payment_id", "merchant_id", "customer_id", "amount_cents", "currency", "created_at")
+
+
 def _parse_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     for batch in batches:
-        cols: dict[str, list] = {
-            "_file_idx": [], "_source_file": [], "_source_line": [], "payment_id": [],
-            "merchant_id": [], "customer_id": [], "amount_cents": [], "currency": [],
-            "created_at": [], "_raw_text": [], "_reason": [],
-        }  # fmt: skip
-        data = batch.to_pydict()
-        for idx, path, line, raw in zip(
-            data["_file_idx"],
-            data["_source_file"],
-            data["_source_line"],
-            data["_raw"],
-            strict=True,
-        ):
-            parsed = parse_payment_line(raw)
-            if parsed is None:
-                continue
-            cols["_file_idx"].append(idx)
-            cols["_source_file"].append(path)
-            cols["_source_line"].append(line)
-            if isinstance(parsed, Payment):
-                for name in ("payment_id", "merchant_id", "customer_id", "amount_cents",
-                             "currency", "created_at"):  # fmt: skip
-                    cols[name].append(getattr(parsed, name))
-                cols["_raw_text"].append(None)
-                cols["_reason"].append(None)
-            else:
-                assert isinstance(parsed, Invalid)
-                reason = parsed.reason
-                for name in ("payment_id", "merchant_id", "customer_id", "amount_cents",
-                             "currency", "created_at"):  # fmt: skip
-                    cols[name].append(None)
-                cols["_raw_text"].append(_raw_text(raw))
-                cols["_reason"].append(reason)
-        yield pa.RecordBatch.from_pydict(cols, schema=_ARROW_SCHEMA)
+        raw = batch.column("_raw")
+        fast, values = parse_canonical(raw)
+        parsed = pa.RecordBatch.from_arrays(
+            [
+                *(
+                    batch.column(c).filter(fast)
+                    for c in ("_file_idx", "_source_file", "_source_line")
+                ),
+                *(values[name] for name in _FIELDS),
+                pa.nulls(len(values["payment_id"]), pa.string()),
+                pa.nulls(len(values["payment_id"]), pa.string()),
+            ],
+            schema=_ARROW_SCHEMA,
+        )
+        rest = batch.filter(pc.invert(fast))
+        if not rest.num_rows:
+            yield parsed
+            continue
+        slow, lines = _parse_slowly(rest)
+        if not parsed.num_rows:
+            yield slow
+            continue
+        # In the order of the input lines, as if every line had taken one path.
+        position = pa.chunked_array(
+            [pc.indices_nonzero(fast), pc.indices_nonzero(pc.invert(fast)).take(lines)],
+            pa.uint64(),
+        )
+        both = pa.Table.from_batches([parsed, slow])
+        yield from both.take(pc.sort_indices(position)).combine_chunks().to_batches()
+
+
+def _parse_slowly(batch: pa.RecordBatch) -> tuple[pa.RecordBatch, pa.Array]:
+    """`batch`'s lines, each through `parse_payment_line`, and the positions in `batch` of the
+    lines that gave a row (blank lines give none)."""
+    import pyarrow as pa
+
+    cols: dict[str, list] = {name: [] for name in _ARROW_SCHEMA.names}
+    lines: list[int] = []
+    data = batch.to_pydict()
+    for i, (idx, path, line, raw) in enumerate(
+        zip(
+            data["_file_idx"], data["_source_file"], data["_source_line"], data["_raw"], strict=True
+        )
+    ):
+        parsed = parse_payment_line(raw)
+        if parsed is None:
+            continue
+        lines.append(i)
+        cols["_file_idx"].append(idx)
+        cols["_source_file"].append(path)
+        cols["_source_line"].append(line)
+        if isinstance(parsed, Payment):
+            for name in _FIELDS:
+                cols[name].append(getattr(parsed, name))
+            cols["_raw_text"].append(None)
+            cols["_reason"].append(None)
+        else:
+            assert isinstance(parsed, Invalid)
+            for name in _FIELDS:
+                cols[name].append(None)
+            cols["_raw_text"].append(_raw_text(raw))
+            cols["_reason"].append(parsed.reason)
+    return pa.RecordBatch.from_pydict(cols, schema=_ARROW_SCHEMA), pa.array(lines, pa.int64())
 
 
 def _arrow_schema() -> pa.Schema:
