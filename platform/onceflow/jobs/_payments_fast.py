@@ -43,9 +43,9 @@ def parse_canonical(raw: pa.Array) -> tuple[pa.Array, dict[str, pa.Array]]:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    shaped = pc.fill_null(pc.match_substring_regex(raw, CANONICAL), False)
-    candidates = raw.filter(shaped)
-    parts = pc.extract_regex(candidates, CANONICAL)
+    parts = pc.extract_regex(raw, CANONICAL)  # null where a line is not in the shape
+    shaped = parts.is_valid()
+    parts = parts.filter(shaped)
     field = {name: parts.field(name) for name in _GROUPS}
     local_text = pc.cast(field["local"], pa.string())
     local = pc.strptime(local_text, _LOCAL_FORMAT, "s", error_is_null=True)
