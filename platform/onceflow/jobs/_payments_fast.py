@@ -27,8 +27,6 @@ CANONICAL = (
     r"(?P<local>[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2})(?:\.(?P<fraction>[0-9]{1,6}))?"
     rf'(?P<offset>Z|[+-][0-9]{{2}}:[0-9]{{2}})"\}}{_WS}$'
 )  # fmt: skip
-_GROUPS = ("payment_id", "merchant_id", "customer_id", "amount_cents", "currency", "local",
-           "fraction", "offset")  # fmt: skip
 _LOCAL_FORMAT = "%Y-%m-%dT%H:%M:%S"
 _US_PER_S = 1_000_000
 
@@ -46,7 +44,7 @@ def parse_canonical(raw: pa.Array) -> tuple[pa.Array, dict[str, pa.Array]]:
     parts = pc.extract_regex(raw, CANONICAL)  # null where a line is not in the shape
     shaped = parts.is_valid()
     parts = parts.filter(shaped)
-    field = {name: parts.field(name) for name in _GROUPS}
+    field = {group.name: parts.field(group.name) for group in parts.type}
     local_text = pc.cast(field["local"], pa.string())
     local = pc.strptime(local_text, _LOCAL_FORMAT, "s", error_is_null=True)
     # strptime takes some dates that do not exist (Feb 30) and rolls them over: a date is

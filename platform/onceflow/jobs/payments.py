@@ -63,7 +63,8 @@ def _parse_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch
             ],
             schema=_ARROW_SCHEMA,
         )
-        rest = batch.filter(pc.invert(fast))
+        slow_lines = pc.invert(fast)
+        rest = batch.filter(slow_lines)
         if not rest.num_rows:
             yield parsed
             continue
@@ -73,7 +74,7 @@ def _parse_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch
             continue
         # In the order of the input lines, as if every line had taken one path.
         position = pa.chunked_array(
-            [pc.indices_nonzero(fast), pc.indices_nonzero(pc.invert(fast)).take(lines)],
+            [pc.indices_nonzero(fast), pc.indices_nonzero(slow_lines).take(lines)],
             pa.uint64(),
         )
         both = pa.Table.from_batches([parsed, slow])
