@@ -18,6 +18,9 @@ database and lake each time, after a two-window warm-up) and prints, per repeat:
 
 `--peer` profiles the peer (`peer_pipeline.py`) the same way after each repeat.
 
+`--statements` also times the SQL statements the driver runs (its commits, the ledger, the key
+index), by statement with staging table names and numbers folded, and prints the costliest per window.
+
 `--conf key=value` (repeatable) sets a Spark setting for the session, to compare one against
 the defaults. Nothing here is a pass/fail figure; it is what the next change is compared on.
 """
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import functools
 import json
 import os
@@ -34,6 +38,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -170,13 +175,23 @@ class Timers:
 def install_timers() -> Timers:
     from pyspark.sql.classic.dataframe import DataFrame  # what a local session makes
 
+    from onceflow._keyindex import KeyIndex
     from onceflow.engine import Engine
+    from onceflow.sinks.delta.group import DeltaGroup
+    from onceflow.sinks.postgres.group import PostgresGroup
 
     timers = Timers()
     timers.wrap(Engine, "_prepare", "prepare (planning + Spark job)")
     timers.wrap(Engine, "outputs", "  planning the outputs")
+    timers.wrap(Engine, "committed_sinks", "  which sinks hold the window")
+    timers.wrap(PostgresGroup, "begin", "  the PostgreSQL staging tables")
+    timers.wrap(DeltaGroup, "begin", "  the Delta writers")
+    timers.wrap(KeyIndex, "staging_writer", "  the key staging table")
     timers.wrap(DataFrame, "collect", "  the Spark job (collect)")
     timers.wrap(Engine, "_commit", "commit (every sink, key index)")
+    timers.wrap(PostgresGroup, "finish", "  the PostgreSQL sinks' transaction")
+    timers.wrap(DeltaGroup, "finish", "  the Delta sinks' commits")
+    timers.wrap(Engine, "_complete", "  completed, keys into the index")
     return timers
 
 
@@ -213,6 +228,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument(
+        "--statements", action="store_true", help="time the driver's SQL statements by kind"
+    )
+    parser.add_argument(
         "--peer", action="store_true", help="after each repeat, profile the peer on the same input"
     )
     args = parser.parse_args(argv)
@@ -248,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.peer:
             run_peer_pipeline(spark, server_dsn, work, warm, per)
         timers = install_timers()
+        statements = StatementTimer() if args.statements else None
         print(f"machine: {os.cpu_count()} cores; extra Spark settings: {args.conf or 'none'}")
 
         def profiled(run: Callable[[], Any]) -> tuple[Any, Usage]:
@@ -265,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
             return out, Usage(spark_jobs(events, last_job), cpu, threads, busy, activity)
 
         for rep in range(1, args.repeat + 1):
-            with timers.active():
+            with timers.active(), statements.active() if statements else contextlib.nullcontext():
                 (m, _), usage = profiled(
                     lambda: run_engine(spark, server_dsn, work, landing, "exactly_once", "p", per)
                 )
@@ -275,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"latency p50 {statistics.median(m.window_latency):.2f} s"
             )
             report(max(1, m.windows), m.seconds, usage, timers)
+            if statements is not None:
+                statements.report(max(1, m.windows))
             if args.peer:
                 peer, usage = profiled(
                     lambda: run_peer_pipeline(spark, server_dsn, work, landing, per)
@@ -288,6 +309,54 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0
+
+
+class StatementTimer:
+    """Wall time of the SQL statements run on the driver's main thread (its commits, the
+    ledger, the key index; not the executors' COPYs), by statement text with the staging
+    tables' names and the numbers folded, while `on`."""
+
+    def __init__(self) -> None:
+        import psycopg
+
+        self.seconds: collections.Counter[str] = collections.Counter()
+        self.calls: collections.Counter[str] = collections.Counter()
+        self.on = False
+        original = psycopg.Connection.execute
+        timer = self
+
+        @functools.wraps(original)
+        def timed(conn: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+            if not timer.on or threading.current_thread() is not threading.main_thread():
+                return original(conn, query, *args, **kwargs)
+            started = time.perf_counter()
+            try:
+                return original(conn, query, *args, **kwargs)
+            finally:
+                text = query if isinstance(query, str) else query.as_string(None)
+                text = re.sub(r'"(stage|keys)_[0-9a-f]+"', "<staging>", " ".join(text.split()))
+                text = re.sub(r"\b\d+\b", "N", text)  # window ids written as literals
+                timer.seconds[text] += time.perf_counter() - started
+                timer.calls[text] += 1
+
+        psycopg.Connection.execute = timed  # type: ignore[method-assign]
+
+    @contextmanager
+    def active(self) -> Iterator[None]:
+        self.seconds.clear()
+        self.calls.clear()
+        self.on = True
+        try:
+            yield
+        finally:
+            self.on = False
+
+    def report(self, windows: int, top: int = 8) -> None:
+        print("  SQL statements on the driver's main thread, the costliest:")
+        for text, total in self.seconds.most_common(top):
+            print(
+                f"    {total / windows:6.3f} s a window ({self.calls[text]:3d} calls) {text[:88]}"
+            )
 
 
 @dataclass(frozen=True)
