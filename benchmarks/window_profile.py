@@ -19,7 +19,8 @@ database and lake each time, after a two-window warm-up) and prints, per repeat:
 `--peer` profiles the peer (`peer_pipeline.py`) the same way after each repeat.
 
 `--statements` also times the SQL statements the driver runs (its commits, the ledger, the key
-index), by statement with staging table names and numbers folded, and prints the costliest per window.
+index), by statement with staging table names and numbers folded, and prints the costliest per
+window.
 
 `--conf key=value` (repeatable) sets a Spark setting for the session, to compare one against
 the defaults. Nothing here is a pass/fail figure; it is what the next change is compared on.
