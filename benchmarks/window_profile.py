@@ -312,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-class StatementTimer:
+class StatementTimer(Timers):
     """Wall time of the SQL statements run on the driver's main thread (its commits, the
     ledger, the key index; not the executors' COPYs), by statement text with the staging
     tables' names and the numbers folded, while `on`."""
@@ -320,9 +320,7 @@ class StatementTimer:
     def __init__(self) -> None:
         import psycopg
 
-        self.seconds: collections.Counter[str] = collections.Counter()
-        self.calls: collections.Counter[str] = collections.Counter()
-        self.on = False
+        super().__init__()
         original = psycopg.Connection.execute
         timer = self
 
@@ -341,16 +339,6 @@ class StatementTimer:
                 timer.calls[text] += 1
 
         psycopg.Connection.execute = timed  # type: ignore[method-assign]
-
-    @contextmanager
-    def active(self) -> Iterator[None]:
-        self.seconds.clear()
-        self.calls.clear()
-        self.on = True
-        try:
-            yield
-        finally:
-            self.on = False
 
     def report(self, windows: int, top: int = 8) -> None:
         print("  SQL statements on the driver's main thread, the costliest:")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -119,20 +120,20 @@ def test_keys_enter_the_index_once_with_the_first_window_that_kept_them(pg_dsn: 
     index = KeyIndex(pg_dsn, "payments", ledger)
     ledger.write("index", index.ensure_schema)
 
-    calls: list[int] = []
+    marks = itertools.count(1)
 
     def add(table: str, window_id: int, rows: int) -> bool:
+        mark = next(marks)
+
         def work(conn: psycopg.Connection) -> bool:
             # Earlier work of the completing transaction, which a key already indexed must
             # not undo.
             conn.execute(
                 "INSERT INTO onceflow.dedupe_windows (job, window_id, keys)"
                 " VALUES ('marker', %s, %s)",
-                (len(calls), window_id),
+                (mark, window_id),
             )
             return index.add(conn, table, [window_id], rows)
-
-        calls.append(window_id)
 
         return ledger.write(f"index window {window_id}", work)
 
