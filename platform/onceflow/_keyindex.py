@@ -323,7 +323,7 @@ class KeyIndex:
             conn.execute(
                 sql.SQL(
                     "INSERT INTO onceflow.dedupe_keys (job, key, window_id)"
-                    " SELECT %s, {}, window_id FROM {}"
+                    " SELECT %s, {}, window_id FROM {} ORDER BY 2"
                 ).format(sql.Identifier(KEY_COL), staging),
                 (self.job,),
             )

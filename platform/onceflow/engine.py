@@ -463,6 +463,20 @@ class Engine:
         window is committed before the windows before it are completed. After each window,
         it stops when `stop` is set or `limit` windows are done.
         """
+        # The ledger's sessions are reused from window to window and closed at the end.
+        with self.ledger.sessions.kept():
+            return self._process_windows(windows, epoch, run_id, done, stop=stop, limit=limit)
+
+    def _process_windows(
+        self,
+        windows: Iterator[Window],
+        epoch: int,
+        run_id: str,
+        done: Callable[[WindowResult], None],
+        *,
+        stop: threading.Event | None,
+        limit: int | None,
+    ) -> int:
         count = 0
         window = next(windows, None) if limit is None or limit > 0 else None
         if window is None:

@@ -11,6 +11,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -21,7 +22,7 @@ from onceflow import faults
 from onceflow._identifiers import session_name
 from onceflow.errors import FencedError, LedgerError
 from onceflow.lineage import ensure_view
-from onceflow.postgres import connect, retrying
+from onceflow.postgres import Sessions, connect, retrying
 
 _log = logging.getLogger(__name__)
 
@@ -32,6 +33,7 @@ SCHEMA = "onceflow"
 LOCK_WAIT_S = 5
 # The server ends a session left idle inside a transaction (a frozen run) after this long.
 IDLE_IN_TRANSACTION_TIMEOUT = "60s"
+_WRITE_SETTINGS = {"idle_in_transaction_session_timeout": IDLE_IN_TRANSACTION_TIMEOUT}
 
 _DDL = """
 CREATE SCHEMA IF NOT EXISTS onceflow;
@@ -120,6 +122,9 @@ class Ledger:
     def __init__(self, dsn: str, job: str) -> None:
         self._dsn = dsn
         self.job = job
+        # Kept for reuse while a run processes its windows (`Engine`): the ledger's reads and
+        # writes, and the sinks' reads, are a dozen short sessions a window.
+        self.sessions = Sessions(dsn)
 
     def connect(self, epoch: int | None = None) -> psycopg.Connection:
         """A connection for a write transaction, named after the run's epoch; the server ends
@@ -127,7 +132,13 @@ class Ledger:
         return connect(
             self._dsn,
             application_name=session_name(self.job, epoch),
-            settings={"idle_in_transaction_session_timeout": IDLE_IN_TRANSACTION_TIMEOUT},
+            settings=_WRITE_SETTINGS,
+        )
+
+    def _session(self, epoch: int | None) -> AbstractContextManager[psycopg.Connection]:
+        """`connect(epoch)`, reused inside `sessions.kept()`."""
+        return self.sessions.session(
+            application_name=session_name(self.job, epoch), settings=_WRITE_SETTINGS
         )
 
     # Every ledger round trip survives a lost connection (`onceflow.postgres.retrying`): reads
@@ -139,8 +150,8 @@ class Ledger:
         again after a lost connection."""
 
         def attempt() -> T:
-            with connect(
-                self._dsn, autocommit=True, application_name=session_name(self.job, None)
+            with self.sessions.session(
+                autocommit=True, application_name=session_name(self.job, None)
             ) as conn:
                 return query(conn)
 
@@ -153,7 +164,7 @@ class Ledger:
         for idempotent writes only (IF NOT EXISTS, ON CONFLICT DO NOTHING, set-to-a-value)."""
 
         def attempt() -> T:
-            with self.connect(epoch) as conn:
+            with self._session(epoch) as conn:
                 result = work(conn)
                 conn.commit()
                 return result
@@ -191,7 +202,7 @@ class Ledger:
                 if found is not None:
                     _log.info("job %s: the unanswered COMMIT to %s had committed", self.job, what)
                     return found
-            with self.connect(epoch) as conn:
+            with self._session(epoch) as conn:
                 result, evidence = work(conn)
                 row = conn.execute("SELECT pg_current_xact_id()::text, pg_backend_pid()").fetchone()
                 assert row is not None

@@ -7,9 +7,11 @@ import logging
 import os
 import random
 import re
+import threading
 import time
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -165,6 +167,98 @@ def connect(
             "ONCEFLOW_POSTGRES_DSN is not a valid libpq DSN or URI; write it as "
             "'postgresql://user@host:5432/db' or 'host=... dbname=...'."
         ) from None
+
+
+class Sessions:
+    """Connections to one server, kept open for reuse while `kept()` is active.
+
+    A window's ledger reads and writes are many short round trips. A new session for each costs
+    the server a backend start (2–3 ms on a local socket, more with TLS and a password) and the
+    client the wait for it. Inside `kept()` (a run's windows), a session ends idle and open goes
+    back for the next one opened the same way (autocommit, application name, settings); any
+    error closes it, so the next attempt of `retrying` starts a new one. Outside `kept()`, each
+    session is opened and closed as `connect` does, so nothing stays open between runs.
+
+    Thread-safe: a connection is used by one thread at a time.
+    """
+
+    # A kept connection idle longer than this is pinged before use: a restarted server or a
+    # dropped network path is then met by a new connection, not a retry after a backoff.
+    PING_AFTER_S = 5.0
+
+    def __init__(self, dsn: str) -> None:
+        self._dsn = dsn
+        self._lock = threading.Lock()
+        self._depth = 0
+        self._idle: dict[tuple[Any, ...], list[tuple[psycopg.Connection, float]]] = {}
+        self._pid = os.getpid()
+
+    @contextmanager
+    def kept(self) -> Iterator[None]:
+        """Keep connections for reuse until the outermost `kept()` ends, then close them."""
+        with self._lock:
+            self._depth += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._depth -= 1
+                idle = self._take_all() if self._depth == 0 else []
+            for conn in idle:
+                conn.close()
+
+    @contextmanager
+    def session(
+        self,
+        *,
+        autocommit: bool = False,
+        application_name: str = "onceflow",
+        settings: Mapping[str, str] | None = None,
+    ) -> Iterator[psycopg.Connection]:
+        """A connection as `connect` opens it, committed on leaving (as `with connect()`
+        commits), rolled back and closed on an error."""
+        key = (autocommit, application_name, tuple(sorted((settings or {}).items())))
+        conn = self._reuse(key) or connect(
+            self._dsn, autocommit=autocommit, application_name=application_name, settings=settings
+        )
+        try:
+            yield conn
+            if conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS:
+                conn.commit()
+        except BaseException:
+            conn.close()
+            raise
+        idle = psycopg.pq.TransactionStatus.IDLE
+        with self._lock:
+            keep = self._depth > 0 and not conn.closed and conn.info.transaction_status == idle
+            if keep:
+                self._idle.setdefault(key, []).append((conn, time.monotonic()))
+        if not keep:
+            conn.close()
+
+    def _reuse(self, key: tuple[Any, ...]) -> psycopg.Connection | None:
+        with self._lock:
+            if os.getpid() != self._pid:  # a forked child: the parent's sockets are not ours
+                self._idle.clear()
+                self._pid = os.getpid()
+            kept = self._idle.get(key)
+            if not kept:
+                return None
+            conn, since = kept.pop()
+        if time.monotonic() - since > self.PING_AFTER_S:
+            try:
+                conn.execute("SELECT 1")
+                if not conn.autocommit:
+                    conn.rollback()
+            except psycopg.Error:
+                conn.close()
+                return None
+        return conn
+
+    def _take_all(self) -> list[psycopg.Connection]:
+        idle = [conn for kept in self._idle.values() for conn, _ in kept]
+        self._idle.clear()
+        return idle if os.getpid() == self._pid else []
 
 
 def _dsn_options(dsn: str) -> str:

@@ -11,7 +11,7 @@ import pytest
 
 from onceflow import postgres
 from onceflow.errors import ConfigurationError, PostgresUnavailableError
-from onceflow.postgres import check_reachable, connect, is_lost_connection, retrying
+from onceflow.postgres import Sessions, check_reachable, connect, is_lost_connection, retrying
 
 
 def _closed_port() -> int:
@@ -139,3 +139,72 @@ def test_connection_settings_go_in_the_startup_packet(pg_dsn: str) -> None:
     with connect(pg_dsn, settings={"idle_in_transaction_session_timeout": "7s"}) as conn:
         row = conn.execute("SHOW idle_in_transaction_session_timeout").fetchone()
         assert row == ("7s",)
+
+
+def _pid(conn: psycopg.Connection) -> int:
+    row = conn.execute("SELECT pg_backend_pid()").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _open_sessions(dsn: str, name: str) -> int:
+    with connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (name,)
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def test_sessions_are_reused_only_inside_kept_and_closed_when_it_ends(pg_dsn: str) -> None:
+    sessions = Sessions(pg_dsn)
+    with sessions.session(application_name="s-out") as conn:
+        outside = _pid(conn)
+    with sessions.session(application_name="s-out") as conn:
+        assert _pid(conn) != outside  # not kept: a new session each time
+    assert _open_sessions(pg_dsn, "s-out") == 0
+    with sessions.kept():
+        with sessions.session(application_name="s-in") as conn:
+            first = _pid(conn)
+        with sessions.session(application_name="s-in") as conn:
+            assert _pid(conn) == first
+            with sessions.session(application_name="s-in") as other:  # in use: another one
+                assert _pid(other) != first
+        with sessions.session(autocommit=True, application_name="s-in") as conn:
+            assert _pid(conn) not in {first}  # opened another way: not shared
+        assert _open_sessions(pg_dsn, "s-in") == 3
+    assert _open_sessions(pg_dsn, "s-in") == 0
+
+
+def test_a_kept_session_commits_on_leaving_and_an_error_ends_it(pg_dsn: str) -> None:
+    sessions = Sessions(pg_dsn)
+    with connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE kept_rows (n int)")
+    with sessions.kept():
+        with sessions.session(application_name="s-tx") as conn:
+            conn.execute("INSERT INTO kept_rows VALUES (1)")
+            first = _pid(conn)
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            with sessions.session(application_name="s-tx") as conn:
+                assert _pid(conn) == first
+                conn.execute("INSERT INTO kept_rows VALUES (2)")
+                conn.execute("SELECT 1 / 0")
+        assert conn.closed
+        with sessions.session(application_name="s-tx") as conn:
+            assert _pid(conn) != first
+            rows = conn.execute("SELECT n FROM kept_rows").fetchall()
+    assert rows == [(1,)]
+
+
+def test_a_kept_session_the_server_ended_is_replaced(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sessions = Sessions(pg_dsn)
+    monkeypatch.setattr(Sessions, "PING_AFTER_S", 0.0)
+    with sessions.kept():
+        with sessions.session(autocommit=True, application_name="s-gone") as conn:
+            gone = _pid(conn)
+        with connect(pg_dsn, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (gone,))
+        time.sleep(0.2)
+        with sessions.session(autocommit=True, application_name="s-gone") as conn:
+            assert _pid(conn) != gone

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import psycopg
 from psycopg import sql
 
 from onceflow.sinks.postgres.commit import (
     PROTOCOL_DDL,
+    _accumulate,
     _contribution,
+    _key_is_unique,
     _save_contribution,
+    _summed,
     has_contribution,
 )
 from onceflow.sinks.postgres.spec import PostgresSink
@@ -98,3 +103,62 @@ def test_a_window_contributes_one_row_per_key_and_saving_it_again_replaces_it(
         assert _read(conn, 4) == first
         assert has_contribution(conn, "j", "balances", 5)
         assert not has_contribution(conn, "j", "balances", 6)
+
+
+def _balances_table(conn: psycopg.Connection, table: str, extra: str) -> PostgresSink:
+    conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(table)))
+    conn.execute(
+        sql.SQL(
+            "CREATE TABLE {} (merchant_id text NOT NULL, currency text NOT NULL,"
+            " total bigint NOT NULL, n bigint NOT NULL{})"
+        ).format(sql.Identifier(table), sql.SQL(extra))
+    )
+    return dataclasses.replace(BALANCES, table=table)
+
+
+def test_the_key_is_unique_only_for_an_index_on_conflict_can_use(pg_dsn: str) -> None:
+    cases = {
+        ", PRIMARY KEY (currency, merchant_id)": True,  # the key's columns in another order
+        ", UNIQUE (merchant_id, currency)": True,
+        "": False,
+        ", UNIQUE (merchant_id, currency, n)": False,
+        ", UNIQUE (merchant_id)": False,
+        ", UNIQUE (merchant_id, currency) DEFERRABLE INITIALLY DEFERRED": False,
+    }
+    with psycopg.connect(pg_dsn) as conn:
+        for extra, unique in cases.items():
+            spec = _balances_table(conn, "acc_target", extra)
+            assert _key_is_unique(conn, spec) is unique, extra
+        spec = _balances_table(conn, "acc_target", "")
+        conn.execute("CREATE UNIQUE INDEX ON acc_target (merchant_id, currency) WHERE n > 0")
+        assert not _key_is_unique(conn, spec)  # partial: ON CONFLICT cannot infer it
+        conn.rollback()
+
+
+def test_accumulating_gives_the_same_table_with_or_without_a_unique_key(pg_dsn: str) -> None:
+    windows = [
+        [("m1", "EUR", 5, 1), ("m1", "EUR", 7, 1), ("m2", "USD", -3, 1)],
+        [("m1", "EUR", 2, 1), ("m3", "GBP", 4, 1), ("m3", "GBP", -4, -1)],  # m3 nets to zero
+        [("m2", "USD", 3, -1), ("m1", "EUR", -14, -3), ("m4", "EUR", 9, 1)],  # m1, m2 emptied
+        [("m5", "EUR", -(9 * 10**18), 1)],
+        # Past bigint's range as one window's sum, not as a total: added in numeric.
+        [("m5", "EUR", 9 * 10**18, 1), ("m5", "EUR", 9 * 10**18, 1)],
+    ]
+    outcomes: dict[str, list[tuple[int, int]]] = {}
+    tables: dict[str, list[tuple[object, ...]]] = {}
+    with psycopg.connect(pg_dsn) as conn:
+        conn.execute(PROTOCOL_DDL)
+        for extra in (", PRIMARY KEY (merchant_id, currency)", ""):
+            spec = _balances_table(conn, "acc_target", extra)
+            results = []
+            for rows in windows:
+                _stage(conn, rows)
+                results.append(_accumulate(conn, spec, _summed(spec, STAGING)))
+            outcomes[extra] = results
+            tables[extra] = conn.execute("SELECT * FROM acc_target ORDER BY 1, 2").fetchall()
+        conn.rollback()
+    with_key, without = outcomes.values()
+    # (rows written, the table's net change in rows), window by window.
+    assert with_key == without == [(2, 2), (2, 0), (3, -1), (1, 1), (1, 0)]
+    expected = [("m4", "EUR", 9, 1), ("m5", "EUR", 9 * 10**18, 3)]
+    assert tables[", PRIMARY KEY (merchant_id, currency)"] == tables[""] == expected

@@ -71,7 +71,7 @@ class PostgresGroup(SinkGroup):
 
     def _read(self, what: str, query: Callable[[Any], T]) -> T:
         def attempt() -> T:
-            with connect(self.ctx.dsn, autocommit=True) as conn:
+            with self.ctx.ledger.sessions.session(autocommit=True) as conn:
                 return query(conn)
 
         return retrying(attempt, what=f"{what} (job {self.job})", dsn=self.ctx.dsn)
