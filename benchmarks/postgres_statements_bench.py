@@ -1,0 +1,214 @@
+"""Benchmark: three PostgreSQL choices of the commit path, each against its alternative.
+
+On the embedded server (`pgserver`), medians of `--repeat` rounds after one warm-up round,
+the two sides alternating:
+
+- an accumulating sink's window (10,000 keys in random order, 98 % already in a 50,000-row
+  table with a primary key on the sink's key) added by onceflow's `_accumulate`: by one
+  `INSERT … ON CONFLICT DO UPDATE`, and by the path a table without a unique key takes (a
+  temporary table of the sums, an update, an insert), forced on a twin table;
+- an upsert of 19,000 new random keys into a 400,000-row table, the rows in key order or as
+  staged;
+- a ledger-sized read (one indexed row) on a new session each time, as before
+  `onceflow.postgres.Sessions`, or on a kept one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psycopg
+from psycopg import sql
+
+
+def _median_ms(samples: list[float]) -> str:
+    return f"{statistics.median(samples) * 1000:7.1f} ms"
+
+
+def _alternate(rounds: int, sides: dict[str, Callable[[], float]]) -> dict[str, list[float]]:
+    """Each side returns the seconds it measured; the first round warms the caches."""
+    times: dict[str, list[float]] = {name: [] for name in sides}
+    for i in range(rounds + 1):
+        for name, run in sides.items():
+            seconds = run()
+            if i:
+                times[name].append(seconds)
+    return times
+
+
+def _timed(work: Callable[[], object]) -> float:
+    started = time.perf_counter()
+    work()
+    return time.perf_counter() - started
+
+
+def accumulate(dsn: str, rounds: int) -> dict[str, list[float]]:
+    from onceflow.sinks.postgres import commit
+    from onceflow.sinks.postgres.spec import PostgresSink
+
+    spec = PostgresSink(
+        name="balances",
+        output="balances",
+        table="bal_key",
+        columns={"merchant_id": "text", "currency": "text", "total": "bigint", "n": "bigint"},
+        key=("merchant_id", "currency"),
+        mode="accumulate",
+        accumulate=("total", "n"),
+    )
+    staging = sql.Identifier("public", "bal_stage")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for table in ("bal_upsert", "bal_update"):
+            conn.execute(
+                sql.SQL(
+                    "CREATE TABLE {} (merchant_id text NOT NULL, currency text NOT NULL,"
+                    " total bigint NOT NULL, n bigint NOT NULL, PRIMARY KEY (merchant_id, currency))"
+                ).format(sql.Identifier(table))
+            )
+            conn.execute(
+                sql.SQL(
+                    "INSERT INTO {} SELECT 'm' || g, 'EUR', 100, 1 FROM generate_series(1, 50000) g"
+                ).format(sql.Identifier(table))
+            )
+            conn.execute(sql.SQL("VACUUM ANALYZE {}").format(sql.Identifier(table)))
+        conn.execute(
+            "CREATE UNLOGGED TABLE bal_stage (merchant_id text, currency text, total numeric,"
+            " n numeric)"
+        )
+        # Keys in random order, as a window's merchants come.
+        conn.execute(
+            "INSERT INTO bal_stage SELECT 'm' || (g * 5), 'EUR', 7, 1"
+            " FROM generate_series(1, 9800) g ORDER BY random()"
+        )
+        conn.execute(
+            "INSERT INTO bal_stage SELECT 'new' || g, 'EUR', 7, 1 FROM generate_series(1, 200) g"
+        )
+    work = psycopg.connect(dsn)
+
+    def add(table: str, upsert: bool) -> Callable[[], float]:
+        target = dataclasses.replace(spec, table=table)
+
+        def run() -> None:
+            # The two-statement path is the one a table without a unique key takes; here it is
+            # forced on a table like the other, so only the statements differ.
+            unique = commit._key_is_unique
+            if not upsert:
+                commit._key_is_unique = lambda conn, spec: False
+            try:
+                commit._accumulate(work, target, commit._summed(target, staging))
+            finally:
+                commit._key_is_unique = unique
+            work.commit()
+
+        return lambda: _timed(run)
+
+    try:
+        return _alternate(
+            rounds,
+            {
+                "one upsert": add("bal_upsert", upsert=True),
+                "temp table, update, insert": add("bal_update", upsert=False),
+            },
+        )
+    finally:
+        work.close()
+
+
+def upsert_order(dsn: str, rounds: int) -> dict[str, list[float]]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE pay (payment_id text PRIMARY KEY, merchant_id text, amount bigint,"
+            " w bigint)"
+        )
+        conn.execute(
+            "INSERT INTO pay SELECT md5(g::text), 'm' || (g % 5000), g, 0"
+            " FROM generate_series(1, 400000) g"
+        )
+        conn.execute("VACUUM ANALYZE pay")
+    counter = [0]
+
+    def run(order: sql.Composable) -> Callable[[], float]:
+        def once() -> float:
+            counter[0] += 1
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute("DROP TABLE IF EXISTS pay_stage")
+                conn.execute(
+                    "CREATE UNLOGGED TABLE pay_stage AS SELECT md5(random()::text) AS payment_id,"
+                    " 'm' || (g %% 5000) AS merchant_id, g::bigint AS amount, %s::bigint AS w"
+                    " FROM generate_series(1, 19000) g",
+                    (counter[0],),
+                )
+                upsert = sql.SQL(
+                    "INSERT INTO pay AS t SELECT * FROM pay_stage{} ON CONFLICT (payment_id)"
+                    " DO UPDATE SET amount = EXCLUDED.amount WHERE t.w <= EXCLUDED.w"
+                ).format(order)
+                return _timed(lambda: conn.execute(upsert))
+
+        return once
+
+    return _alternate(
+        rounds,
+        {"in key order": run(sql.SQL(" ORDER BY payment_id")), "as staged": run(sql.SQL(""))},
+    )
+
+
+def sessions(dsn: str, rounds: int) -> dict[str, list[float]]:
+    from onceflow.postgres import Sessions
+
+    reads = 50
+    kept = Sessions(dsn)
+
+    def read(conn: psycopg.Connection) -> None:
+        conn.execute("SELECT payment_id FROM pay WHERE payment_id = md5('7')").fetchone()
+
+    def new_each_time() -> float:
+        started = time.perf_counter()
+        for _ in range(reads):
+            with Sessions(dsn).session(autocommit=True) as conn:
+                read(conn)
+        return time.perf_counter() - started
+
+    def reused() -> float:
+        started = time.perf_counter()
+        with kept.kept():
+            for _ in range(reads):
+                with kept.session(autocommit=True) as conn:
+                    read(conn)
+        return time.perf_counter() - started
+
+    times = _alternate(rounds, {"a new session each": new_each_time, "kept sessions": reused})
+    return {name: [t / reads for t in samples] for name, samples in times.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeat", type=int, default=8)
+    args = parser.parse_args(argv)
+    import pgserver
+
+    work = Path(tempfile.mkdtemp(prefix="onceflow-pgbench-"))
+    work.chmod(0o755)  # the embedded server runs as another user when we are root
+    try:
+        dsn = pgserver.get_server(work / "pg", cleanup_mode="stop").get_uri()
+        for title, bench in (
+            ("accumulate a 10,000-key window into 50,000 rows", accumulate),
+            ("upsert 19,000 new random keys into 400,000 rows", upsert_order),
+            ("one ledger read (per read, session included)", sessions),
+        ):
+            print(title)
+            for name, samples in bench(dsn, args.repeat).items():
+                print(f"  {name:<46} {_median_ms(samples)}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
