@@ -174,8 +174,8 @@ class Sessions:
 
     A window's ledger reads and writes are many short round trips. A new session for each costs
     the server a backend start (2–3 ms on a local socket, more with TLS and a password) and the
-    client the wait for it. Inside `kept()` (a run's windows), a session ends idle and open goes
-    back for the next one opened the same way (autocommit, application name, settings); any
+    client the wait for it. Inside `kept()` (a run's windows), a session that ends idle and open
+    is kept for the next one opened the same way (autocommit, application name, settings); an
     error closes it, so the next attempt of `retrying` starts a new one. Outside `kept()`, each
     session is opened and closed as `connect` does, so nothing stays open between runs.
 
