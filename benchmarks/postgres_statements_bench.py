@@ -51,36 +51,27 @@ def _timed(work: Callable[[], object]) -> float:
 
 
 def accumulate(dsn: str, rounds: int) -> dict[str, list[float]]:
+    from onceflow.jobs.payments import PAYMENTS
     from onceflow.sinks.postgres import commit
-    from onceflow.sinks.postgres.spec import PostgresSink
+    from onceflow.sinks.postgres.group import _create_table
 
-    spec = PostgresSink(
-        name="balances",
-        output="balances",
-        table="bal_key",
-        columns={"merchant_id": "text", "currency": "text", "total": "bigint", "n": "bigint"},
-        key=("merchant_id", "currency"),
-        mode="accumulate",
-        accumulate=("total", "n"),
-    )
+    # The `payments` job's balances sink, in two twin tables (primary key on the sink's key).
+    balances = PAYMENTS.sink("pg_merchant_balances")
+    twins = {t: dataclasses.replace(balances, table=t) for t in ("bal_upsert", "bal_update")}
     staging = sql.Identifier("public", "bal_stage")
     with psycopg.connect(dsn, autocommit=True) as conn:
-        for table in ("bal_upsert", "bal_update"):
-            conn.execute(
-                sql.SQL(
-                    "CREATE TABLE {} (merchant_id text NOT NULL, currency text NOT NULL,"
-                    " total bigint NOT NULL, n bigint NOT NULL, PRIMARY KEY (merchant_id, currency))"
-                ).format(sql.Identifier(table))
-            )
+        for table, spec in twins.items():
+            _create_table(conn, spec)
             conn.execute(
                 sql.SQL(
                     "INSERT INTO {} SELECT 'm' || g, 'EUR', 100, 1 FROM generate_series(1, 50000) g"
                 ).format(sql.Identifier(table))
             )
             conn.execute(sql.SQL("VACUUM ANALYZE {}").format(sql.Identifier(table)))
+        # The staged rows as the commit stages them: accumulated columns numeric.
         conn.execute(
-            "CREATE UNLOGGED TABLE bal_stage (merchant_id text, currency text, total numeric,"
-            " n numeric)"
+            "CREATE UNLOGGED TABLE bal_stage (merchant_id text, currency text,"
+            " total_cents numeric, payment_count numeric)"
         )
         # Keys in random order, as a window's merchants come.
         conn.execute(
@@ -93,7 +84,7 @@ def accumulate(dsn: str, rounds: int) -> dict[str, list[float]]:
     work = psycopg.connect(dsn)
 
     def add(table: str, upsert: bool) -> Callable[[], float]:
-        target = dataclasses.replace(spec, table=table)
+        target = twins[table]
 
         def run() -> None:
             # The two-statement path is the one a table without a unique key takes; here it is

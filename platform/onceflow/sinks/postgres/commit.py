@@ -754,28 +754,38 @@ def _accumulate(
         )
     ).rowcount
     col_list = sql.SQL(", ").join(sql.Identifier(c) for c in spec.columns)
-    casts = sql.SQL(", ").join(
-        sql.SQL("s.{}::{}").format(sql.Identifier(c), sql.SQL(t)) for c, t in spec.columns.items()
-    )
     inserted = conn.execute(
         sql.SQL(
             "INSERT INTO {} ({}) SELECT {} FROM __delta AS s"
             " WHERE NOT EXISTS (SELECT 1 FROM {} AS t WHERE {})"
-        ).format(target, col_list, casts, target, match)
+        ).format(target, col_list, _cast_columns(spec), target, match)
     ).rowcount
-    # A row whose accumulated columns all come back to zero holds nothing (every payment of a
-    # day retracted): it goes, so the table equals the sums over what is there.
-    deleted = conn.execute(
-        sql.SQL("DELETE FROM {} AS t USING __delta AS s WHERE {} AND {}").format(
-            target,
-            match,
+    deleted = _delete_emptied(conn, spec, sql.SQL("__delta"))
+    conn.execute("DROP TABLE __delta")
+    return updated + inserted, inserted - deleted
+
+
+def _cast_columns(spec: PostgresSink) -> sql.Composable:
+    """The columns of the relation `s` cast to the table's types, in table order."""
+    return sql.SQL(", ").join(
+        sql.SQL("s.{}::{}").format(sql.Identifier(c), sql.SQL(t)) for c, t in spec.columns.items()
+    )
+
+
+def _delete_emptied(conn: psycopg.Connection, spec: PostgresSink, delta: sql.Composable) -> int:
+    """Delete the rows of `delta`'s keys whose accumulated columns all came back to zero."""
+    # Such a row holds nothing (every payment of a day retracted): it goes, so the table equals
+    # the sums over what is there.
+    return conn.execute(
+        sql.SQL("DELETE FROM {} AS t USING {} AS s WHERE {} AND {}").format(
+            _target(spec),
+            delta,
+            _keys_match(spec, "t", "s"),
             sql.SQL(" AND ").join(
                 sql.SQL("t.{} = 0").format(sql.Identifier(c)) for c in spec.accumulate
             ),
         )
     ).rowcount
-    conn.execute("DROP TABLE __delta")
-    return updated + inserted, inserted - deleted
 
 
 def _key_is_unique(conn: psycopg.Connection, spec: PostgresSink) -> bool:
@@ -835,10 +845,7 @@ def _accumulate_upsert(
         ).format(
             target,
             sql.SQL(", ").join(sql.Identifier(c) for c in spec.columns),
-            sql.SQL(", ").join(
-                sql.SQL("s.{}::{}").format(sql.Identifier(c), sql.SQL(t))
-                for c, t in spec.columns.items()
-            ),
+            _cast_columns(spec),
             delta,
             sql.SQL(", ").join(sql.SQL("s.{}").format(sql.Identifier(k)) for k in spec.key),
             keys,
@@ -848,19 +855,8 @@ def _accumulate_upsert(
     ).fetchone()
     assert row is not None
     written, inserted, emptied = (int(v) for v in row)
-    deleted = 0
-    if emptied:
-        # Rare (every amount of a key retracted): the delta is read again to find its keys.
-        deleted = conn.execute(
-            sql.SQL("DELETE FROM {} AS t USING {} AS s WHERE {} AND {}").format(
-                target,
-                delta,
-                _keys_match(spec, "t", "s"),
-                sql.SQL(" AND ").join(
-                    sql.SQL("t.{} = 0").format(sql.Identifier(c)) for c in spec.accumulate
-                ),
-            )
-        ).rowcount
+    # Rare (every amount of a key retracted): the delta is read again to find its keys.
+    deleted = _delete_emptied(conn, spec, delta) if emptied else 0
     return written, inserted - deleted
 
 
