@@ -10,7 +10,7 @@ import psycopg
 from deltalake import DeltaTable
 from psycopg import sql
 
-from onceflow._keyindex import KEY_COL, SEEN_COL, KeyIndex, key_strings
+from onceflow._keyindex import KEY_COL, SEEN_COL, KeyIndex, key_strings, text_array
 from onceflow.engine import build_engine
 from onceflow.generate import generate_payments
 from onceflow.jobs.payments import PAYMENTS
@@ -169,3 +169,58 @@ def test_key_text_of_one_and_of_several_columns() -> None:
     assert key_strings(batch, ["a"]).to_pylist() == ["x", None, "z"]
     assert key_strings(batch, ["b"]).to_pylist() == ["1", "2", None]
     assert key_strings(batch, ["a", "b"]).to_pylist() == ['["x", "1"]', None, None]
+
+
+# Keys the array literal must quote or escape: its delimiters, quotes, backslashes, white
+# space, the word NULL, the empty string, and several columns' keys (JSON arrays).
+AWKWARD_KEYS = [
+    'a"b',
+    "back\\slash",
+    "\\",
+    '\\"',
+    "x,y",
+    "{z}",
+    "",
+    " padded ",
+    "NULL",
+    "null",
+    "tab\there",
+    "line\nbreak",
+    "é ü 支付",
+    '["m-1", "2"]',
+]
+
+
+def test_a_key_array_reaches_the_server_as_it_was(pg_dsn: str) -> None:
+    import pyarrow as pa
+
+    keys = pa.array([*AWKWARD_KEYS, *(f"pay-{i}" for i in range(1000))], pa.string())
+    with psycopg.connect(pg_dsn) as conn:
+
+        def back(values: pa.Array) -> list[str]:
+            return conn.execute("SELECT %s::text[]", (text_array(values),)).fetchone()[0]
+
+        assert back(keys) == keys.to_pylist()
+        # A slice, as a lookup sends each chunk of a window's keys.
+        assert back(keys.slice(3, 20)) == keys.to_pylist()[3:23]
+        assert back(keys.slice(0, 0)) == []
+
+
+def test_a_lookup_marks_awkward_keys_exactly(spark: Any, pg_dsn: str) -> None:
+    ledger = Ledger(pg_dsn, "awkward")
+    ledger.ensure_schema()
+    index = KeyIndex(pg_dsn, "awkward", ledger)
+    ledger.write("index", index.ensure_schema)
+    indexed = AWKWARD_KEYS[::2]
+    with psycopg.connect(pg_dsn) as conn:
+        with conn.cursor().copy(
+            "COPY onceflow.dedupe_keys (job, key, window_id) FROM STDIN"
+        ) as copy:
+            for key in indexed:
+                copy.write_row(("awkward", key, 1))
+    rows = spark.createDataFrame([(k, None) for k in AWKWARD_KEYS], "k STRING, _reason STRING")
+    lookup = index.lookup(("k",), 2, [])
+    marked = {
+        r["k"]: r[SEEN_COL] for r in rows.mapInArrow(lookup, lookup.struct(rows.schema)).collect()
+    }
+    assert marked == {k: k in indexed for k in AWKWARD_KEYS}
