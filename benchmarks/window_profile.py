@@ -13,6 +13,7 @@ database and lake each time, after a two-window warm-up) and prints, per repeat:
   against the executor's task threads;
 - how busy the machine's cores were, against what they could do in the wall time (every
   process counts: run it on a quiet machine);
+- the commands the driver sent the JVM over py4j (planning a window is mostly these);
 - what PostgreSQL did (sessions, transactions, rows inserted, updated and deleted; the run's
   fresh database and this profile's own queries add a session or two a run).
 
@@ -144,6 +145,7 @@ class Timers:
         self.calls: collections.Counter[str] = collections.Counter()
         self.on = False
         self.labels: list[str] = []
+        self.round_trips = 0  # py4j commands the driver sent the JVM
 
     def wrap(self, owner: Any, name: str, label: str) -> None:
         original = getattr(owner, name)
@@ -166,6 +168,7 @@ class Timers:
     def active(self) -> Iterator[None]:
         self.seconds.clear()
         self.calls.clear()
+        self.round_trips = 0
         self.on = True
         try:
             yield
@@ -182,6 +185,7 @@ def install_timers() -> Timers:
     from onceflow.sinks.postgres.group import PostgresGroup
 
     timers = Timers()
+    _count_round_trips(timers)
     timers.wrap(Engine, "_prepare", "prepare (planning + Spark job)")
     timers.wrap(Engine, "outputs", "  planning the outputs")
     timers.wrap(Engine, "committed_sinks", "  which sinks hold the window")
@@ -194,6 +198,22 @@ def install_timers() -> Timers:
     timers.wrap(DeltaGroup, "finish", "  the Delta sinks' commits")
     timers.wrap(Engine, "_complete", "  completed, keys into the index")
     return timers
+
+
+def _count_round_trips(timers: Timers) -> None:
+    """Count in `timers.round_trips` every command the driver sends the JVM over py4j (each
+    DataFrame operation and each Column built in Python sends several)."""
+    from py4j.clientserver import ClientServerConnection
+
+    original = ClientServerConnection.send_command
+
+    @functools.wraps(original)
+    def counted(connection: Any, command: str, *args: Any, **kwargs: Any) -> Any:
+        if timers.on:
+            timers.round_trips += 1
+        return original(connection, command, *args, **kwargs)
+
+    ClientServerConnection.send_command = counted  # type: ignore[method-assign]
 
 
 def spark_jobs(event_dir: Path, after: int) -> list[tuple[int, int, int]]:
@@ -364,6 +384,7 @@ def report(windows: int, seconds: float, usage: Usage, timers: Timers | None = N
         for label in timers.labels:
             total, calls = timers.seconds[label], timers.calls[label]
             print(f"  {label:<34} {total / windows:6.3f} s a window ({calls} calls)")
+        print(f"  py4j round trips, driver to JVM     {timers.round_trips / windows:6.0f} a window")
     if usage.jobs:
         walls, cpus = [j[1] for j in usage.jobs], [j[2] for j in usage.jobs]
         print(

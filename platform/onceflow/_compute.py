@@ -52,26 +52,30 @@ class Computed:
 
         A union, not a join of the two counts: a join would broadcast one side in a Spark job
         of its own, before the window's write job."""
-        from pyspark.sql import functions as F
-
-        read = self.parsed.agg(
-            F.lit(COUNTS).alias("writer"),
-            F.to_json(
-                F.struct(
-                    F.count(F.lit(1)).alias("rows_in"),
-                    F.count(F.col(REASON_COLUMN)).alias("invalid"),
-                )
-            ).alias("result"),
+        read = self.parsed.selectExpr(
+            f"{sql_string(COUNTS)} AS writer",
+            "to_json(named_struct('rows_in', count(1), 'invalid', "
+            f"count({sql_name(REASON_COLUMN)}))) AS result",
         )
-        kept = self.kept.agg(
-            F.lit(COUNTS).alias("writer"),
-            F.to_json(F.struct(F.count(F.lit(1)).alias("kept"))).alias("result"),
+        kept = self.kept.selectExpr(
+            f"{sql_string(COUNTS)} AS writer",
+            "to_json(named_struct('kept', count(1))) AS result",
         )
         return read.unionAll(kept)
 
     def release(self) -> None:
         self.kept.unpersist()
         self.parsed.unpersist()
+
+
+def sql_name(name: str) -> str:
+    """`name` as a Spark SQL identifier, backquoted."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+def sql_string(value: str) -> str:
+    """`value` as a Spark SQL string literal."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def _parsed(
@@ -173,7 +177,6 @@ def compute(
     Returns:
         The parsed and kept rows (cached, with WINDOW_COL) and every output, lazily.
     """
-    from pyspark.sql import Window as W
     from pyspark.sql import functions as F
 
     windows = sorted(windows, key=lambda w: w.window_id)
@@ -186,11 +189,14 @@ def compute(
         if column not in parsed.columns:
             parsed = parsed.withColumn(column, F.lit(None).cast("string"))
     parsed = parsed.persist(StorageLevel.MEMORY_AND_DISK)
-    # Each DataFrame operation costs a few milliseconds of planning on every window, so
-    # filters are combined and SEEN_COL is dropped with KEY_COL, not on its own.
-    is_valid = F.col(REASON_COLUMN).isNull()
-    valid = parsed.where(is_valid & ~F.col(SEEN_COL) if lookup is not None else is_valid)
-    invalid = parsed.where(F.col(REASON_COLUMN).isNotNull())
+    # Each DataFrame operation, and each Column built in Python, costs round trips to the JVM
+    # on every window: filters are combined, SEEN_COL is dropped with KEY_COL, not on its
+    # own, and expressions are SQL text, parsed in the JVM in one call.
+    is_valid = f"{sql_name(REASON_COLUMN)} IS NULL"
+    valid = parsed.where(
+        f"{is_valid} AND NOT {sql_name(SEEN_COL)}" if lookup is not None else is_valid
+    )
+    invalid = parsed.where(f"{sql_name(REASON_COLUMN)} IS NOT NULL")
     if job.dedupe is not None:
         keys = list(job.dedupe.key)
         missing = [k for k in keys if k not in valid.columns]
@@ -204,10 +210,12 @@ def compute(
                 .where(F.col("__seen_in").isNull() | (F.col(WINDOW_COL) < F.col("__seen_in")))
                 .drop("__seen_in")
             )
-        first = W.partitionBy(*keys).orderBy(WINDOW_COL, "_file_idx", "_source_line")
+        partition = ", ".join(sql_name(k) for k in keys)
+        order = ", ".join(sql_name(c) for c in (WINDOW_COL, "_file_idx", "_source_line"))
+        first = f"row_number() OVER (PARTITION BY {partition} ORDER BY {order})"
         valid = (
-            valid.withColumn("__occurrence", F.row_number().over(first))
-            .where(F.col("__occurrence") == 1)
+            valid.withColumn("__occurrence", F.expr(first))
+            .where("__occurrence = 1")
             .drop("__occurrence")
         )
     kept = valid.persist(StorageLevel.MEMORY_AND_DISK)
@@ -224,14 +232,14 @@ def compute(
             parts.setdefault(name, []).append(df)
     if job.quarantine_sink is not None:
         parts.setdefault(job.sink(job.quarantine_sink).output, []).append(
-            invalid.select(
-                F.lit(job.name).alias("job"),
-                F.col(WINDOW_COL).cast("bigint").alias("window_id"),
-                F.col("_source_file").alias("source_file"),
-                F.col("_source_line").cast("bigint").alias("source_line"),
-                F.coalesce(F.col(RAW_TEXT_COLUMN), F.lit("")).alias("raw_line"),
-                F.col(REASON_COLUMN).alias("reason"),
-                *([F.col(WINDOW_COL)] if window_column else []),
+            invalid.selectExpr(
+                f"{sql_string(job.name)} AS job",
+                f"CAST({sql_name(WINDOW_COL)} AS BIGINT) AS window_id",
+                "`_source_file` AS source_file",
+                "CAST(`_source_line` AS BIGINT) AS source_line",
+                f"coalesce({sql_name(RAW_TEXT_COLUMN)}, '') AS raw_line",
+                f"{sql_name(REASON_COLUMN)} AS reason",
+                *([sql_name(WINDOW_COL)] if window_column else []),
             )
         )
     outputs = {

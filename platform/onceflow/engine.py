@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from onceflow import faults
-from onceflow._compute import COUNTS, Computed, compute
+from onceflow._compute import COUNTS, Computed, compute, sql_name
 from onceflow._identifiers import session_name
 from onceflow._keyindex import KEY_COL, KeyIndex, key_frame
 from onceflow._staging import WindowStage
@@ -881,8 +881,6 @@ class Engine:
         A deterministic job computes them again on a replay, from cached intermediates within
         a run; any other job stages them once (Parquet under the lake) and reuses the stage.
         """
-        from pyspark.sql import functions as F
-
         self.ensure_index(window.window_id)
         names = sorted({s.output for s in self.job.sinks})
         stage = None
@@ -926,9 +924,9 @@ class Engine:
                     "`_window_id` column; add it in the transform (the window's id, from ctx)."
                 )
         if index is not None:
-            frames[KEYS_OUTPUT] = computed.kept.where(F.col(KEY_COL).isNotNull()).select(
-                KEY_COL, F.col(WINDOW_COL).alias("window_id")
-            )
+            frames[KEYS_OUTPUT] = computed.kept.where(
+                f"{sql_name(KEY_COL)} IS NOT NULL"
+            ).selectExpr(sql_name(KEY_COL), f"{sql_name(WINDOW_COL)} AS window_id")
         out = WindowOutputs(frames, None, computed, quarantine=self.job.quarantine_sink is not None)
         if stage is None:
             return out
