@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from payments_bench import fresh_database
+from window_profile import Timers, count_round_trips
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,7 +33,6 @@ def main(argv: list[str] | None = None) -> int:
 
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
     import pgserver
-    from py4j.clientserver import ClientServerConnection
 
     from onceflow.engine import build_engine
     from onceflow.generate import generate_payments
@@ -58,23 +58,16 @@ def main(argv: list[str] | None = None) -> int:
         engine.run(max_units_per_window=4)
         window = engine.ledger.windows()[-1]
 
-        sent = [0]
-        original = ClientServerConnection.send_command
-
-        def counted(connection: object, command: str, *a: object, **k: object) -> object:
-            sent[0] += 1
-            return original(connection, command, *a, **k)
-
-        ClientServerConnection.send_command = counted  # type: ignore[method-assign,assignment]
+        timers = Timers()
+        count_round_trips(timers)
         seconds, trips = [], []
         for _ in range(args.warmup + args.repeat):
-            sent[0] = 0
-            started = time.perf_counter()
-            out = engine.outputs(window)
-            seconds.append(time.perf_counter() - started)
-            trips.append(sent[0])
+            with timers.active():
+                started = time.perf_counter()
+                out = engine.outputs(window)
+                seconds.append(time.perf_counter() - started)
+            trips.append(timers.round_trips)
             out.release()
-        ClientServerConnection.send_command = original  # type: ignore[method-assign]
         spark.stop()
         timed = sorted(seconds[args.warmup :])
         print(

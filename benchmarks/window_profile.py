@@ -185,7 +185,7 @@ def install_timers() -> Timers:
     from onceflow.sinks.postgres.group import PostgresGroup
 
     timers = Timers()
-    _count_round_trips(timers)
+    count_round_trips(timers)
     timers.wrap(Engine, "_prepare", "prepare (planning + Spark job)")
     timers.wrap(Engine, "outputs", "  planning the outputs")
     timers.wrap(Engine, "committed_sinks", "  which sinks hold the window")
@@ -200,7 +200,7 @@ def install_timers() -> Timers:
     return timers
 
 
-def _count_round_trips(timers: Timers) -> None:
+def count_round_trips(timers: Timers) -> None:
     """Count in `timers.round_trips` every command the driver sends the JVM over py4j (each
     DataFrame operation and each Column built in Python sends several)."""
     from py4j.clientserver import ClientServerConnection

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from pyspark import StorageLevel
 
+from onceflow._identifiers import spark_sql_name, spark_sql_string
 from onceflow._keyindex import KEY_COL, SEEN_COL, SeenLookup
 from onceflow.errors import ConfigurationError
 from onceflow.job import Job, WindowContext
@@ -53,12 +54,12 @@ class Computed:
         A union, not a join of the two counts: a join would broadcast one side in a Spark job
         of its own, before the window's write job."""
         read = self.parsed.selectExpr(
-            f"{sql_string(COUNTS)} AS writer",
+            f"{spark_sql_string(COUNTS)} AS writer",
             "to_json(named_struct('rows_in', count(1), 'invalid', "
-            f"count({sql_name(REASON_COLUMN)}))) AS result",
+            f"count({spark_sql_name(REASON_COLUMN)}))) AS result",
         )
         kept = self.kept.selectExpr(
-            f"{sql_string(COUNTS)} AS writer",
+            f"{spark_sql_string(COUNTS)} AS writer",
             "to_json(named_struct('kept', count(1))) AS result",
         )
         return read.unionAll(kept)
@@ -66,16 +67,6 @@ class Computed:
     def release(self) -> None:
         self.kept.unpersist()
         self.parsed.unpersist()
-
-
-def sql_name(name: str) -> str:
-    """`name` as a Spark SQL identifier, backquoted."""
-    return "`" + name.replace("`", "``") + "`"
-
-
-def sql_string(value: str) -> str:
-    """`value` as a Spark SQL string literal."""
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def _parsed(
@@ -192,11 +183,11 @@ def compute(
     # Each DataFrame operation, and each Column built in Python, costs round trips to the JVM
     # on every window: filters are combined, SEEN_COL is dropped with KEY_COL, not on its
     # own, and expressions are SQL text, parsed in the JVM in one call.
-    is_valid = f"{sql_name(REASON_COLUMN)} IS NULL"
+    is_valid = f"{spark_sql_name(REASON_COLUMN)} IS NULL"
     valid = parsed.where(
-        f"{is_valid} AND NOT {sql_name(SEEN_COL)}" if lookup is not None else is_valid
+        f"{is_valid} AND NOT {spark_sql_name(SEEN_COL)}" if lookup is not None else is_valid
     )
-    invalid = parsed.where(f"{sql_name(REASON_COLUMN)} IS NOT NULL")
+    invalid = parsed.where(f"{spark_sql_name(REASON_COLUMN)} IS NOT NULL")
     if job.dedupe is not None:
         keys = list(job.dedupe.key)
         missing = [k for k in keys if k not in valid.columns]
@@ -210,8 +201,8 @@ def compute(
                 .where(F.col("__seen_in").isNull() | (F.col(WINDOW_COL) < F.col("__seen_in")))
                 .drop("__seen_in")
             )
-        partition = ", ".join(sql_name(k) for k in keys)
-        order = ", ".join(sql_name(c) for c in (WINDOW_COL, "_file_idx", "_source_line"))
+        partition = ", ".join(spark_sql_name(k) for k in keys)
+        order = ", ".join(spark_sql_name(c) for c in (WINDOW_COL, "_file_idx", "_source_line"))
         first = f"row_number() OVER (PARTITION BY {partition} ORDER BY {order})"
         valid = (
             valid.withColumn("__occurrence", F.expr(first))
@@ -233,13 +224,13 @@ def compute(
     if job.quarantine_sink is not None:
         parts.setdefault(job.sink(job.quarantine_sink).output, []).append(
             invalid.selectExpr(
-                f"{sql_string(job.name)} AS job",
-                f"CAST({sql_name(WINDOW_COL)} AS BIGINT) AS window_id",
+                f"{spark_sql_string(job.name)} AS job",
+                f"CAST({spark_sql_name(WINDOW_COL)} AS BIGINT) AS window_id",
                 "`_source_file` AS source_file",
                 "CAST(`_source_line` AS BIGINT) AS source_line",
-                f"coalesce({sql_name(RAW_TEXT_COLUMN)}, '') AS raw_line",
-                f"{sql_name(REASON_COLUMN)} AS reason",
-                *([sql_name(WINDOW_COL)] if window_column else []),
+                f"coalesce({spark_sql_name(RAW_TEXT_COLUMN)}, '') AS raw_line",
+                f"{spark_sql_name(REASON_COLUMN)} AS reason",
+                *([spark_sql_name(WINDOW_COL)] if window_column else []),
             )
         )
     outputs = {

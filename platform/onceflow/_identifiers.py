@@ -25,6 +25,16 @@ def check_identifier(name: str, what: str) -> str:
     return name
 
 
+def spark_sql_name(name: str) -> str:
+    """`name` as a Spark SQL identifier, backquoted: any column name, taken as it is."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+def spark_sql_string(value: str) -> str:
+    """`value` as a Spark SQL string literal."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
 def delta_app_id(job: str, sink: str) -> str:
     """The Delta application-transaction id under which `sink` records a job's windows."""
     return f"onceflow/{job}/{sink}"

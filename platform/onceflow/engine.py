@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from onceflow import faults
-from onceflow._compute import COUNTS, Computed, compute, sql_name
-from onceflow._identifiers import session_name
+from onceflow._compute import COUNTS, Computed, compute
+from onceflow._identifiers import session_name, spark_sql_name
 from onceflow._keyindex import KEY_COL, KeyIndex, key_frame
 from onceflow._staging import WindowStage
 from onceflow.errors import ConfigurationError, LedgerError, TransientSinkError
@@ -925,8 +925,8 @@ class Engine:
                 )
         if index is not None:
             frames[KEYS_OUTPUT] = computed.kept.where(
-                f"{sql_name(KEY_COL)} IS NOT NULL"
-            ).selectExpr(sql_name(KEY_COL), f"{sql_name(WINDOW_COL)} AS window_id")
+                f"{spark_sql_name(KEY_COL)} IS NOT NULL"
+            ).selectExpr(spark_sql_name(KEY_COL), f"{spark_sql_name(WINDOW_COL)} AS window_id")
         out = WindowOutputs(frames, None, computed, quarantine=self.job.quarantine_sink is not None)
         if stage is None:
             return out

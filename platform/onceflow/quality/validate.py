@@ -13,6 +13,7 @@ import psycopg
 from deltalake import DeltaTable
 
 from onceflow._delta_read import open_table, read_table
+from onceflow._identifiers import spark_sql_name
 from onceflow.lineage import completed_through, record_check_results
 from onceflow.quality._gx import GxSession, Outcome
 from onceflow.quality.suites import (
@@ -124,7 +125,7 @@ class ValidationReport:
 def _spark_column(name: str) -> Any:
     from pyspark.sql import functions as F
 
-    return F.col("`" + name.replace("`", "``") + "`")
+    return F.col(spark_sql_name(name))
 
 
 def _aggregate_delta(frame: DataFrame, target: DeltaTableTarget) -> dict[str, int]:
