@@ -23,6 +23,12 @@ database and lake each time, after a two-window warm-up) and prints, per repeat:
 index), by statement with staging table names and numbers folded, and prints the costliest per
 window.
 
+`--python-profile` also profiles the Python workers (Spark's `perf` UDF profiler, cProfile in
+each worker) and prints their profiled time a window with the functions that took most of it,
+over every `mapInArrow` of the window (the parse with the key lookup, the sinks' writers). The
+profiler slows the workers down, so the other figures of such a run are not comparable; the
+profiled time includes waits (for the JVM's batches, for PostgreSQL), not only CPU.
+
 `--conf key=value` (repeatable) sets a Spark setting for the session, to compare one against
 the defaults. Nothing here is a pass/fail figure; it is what the next change is compared on.
 """
@@ -254,6 +260,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--peer", action="store_true", help="after each repeat, profile the peer on the same input"
     )
+    parser.add_argument(
+        "--python-profile",
+        action="store_true",
+        help="profile the Python workers (slows them: compare other figures without it)",
+    )
     args = parser.parse_args(argv)
 
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
@@ -282,10 +293,14 @@ def main(argv: list[str] | None = None) -> int:
             "spark.eventLog.compress": "false",
             **dict(kv.split("=", 1) for kv in args.conf),
         }
+        if args.python_profile:
+            conf["spark.sql.pyspark.udf.profiler"] = "perf"
         spark = build_spark_session(app_name="onceflow-profile", conf=conf)
         run_engine(spark, server_dsn, work, warm, "exactly_once", "warm", per)
         if args.peer:
             run_peer_pipeline(spark, server_dsn, work, warm, per)
+        if args.python_profile:
+            spark.profile.clear(type="perf")  # not the warm-up's
         timers = install_timers()
         statements = StatementTimer() if args.statements else None
         print(f"machine: {os.cpu_count()} cores; extra Spark settings: {args.conf or 'none'}")
@@ -317,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
             report(max(1, m.windows), m.seconds, usage, timers)
             if statements is not None:
                 statements.report(max(1, m.windows))
+            if args.python_profile:
+                python_workers_report(spark, work / f"udf-profile-{rep}", max(1, m.windows))
             if args.peer:
                 peer, usage = profiled(
                     lambda: run_peer_pipeline(spark, server_dsn, work, landing, per)
@@ -377,6 +394,29 @@ class Usage:
     threads: collections.Counter[str]
     busy_s: float
     postgres: dict[str, int]
+
+
+def python_workers_report(spark: Any, folder: Path, windows: int, top: int = 12) -> None:
+    """Print the Python workers' profiled time since the last call, a window, with the
+    functions that took most of it (own time), over every profiled UDF; then clear it."""
+    import pstats
+
+    spark.profile.dump(str(folder), type="perf")
+    spark.profile.clear(type="perf")
+    files = sorted(folder.glob("*.pstats"))
+    if not files:
+        print("  Python workers: nothing profiled")
+        return
+    per_udf = sorted((pstats.Stats(str(f)).total_tt for f in files), reverse=True)
+    print(
+        f"  Python workers, profiled: {sum(per_udf) / windows:.3f} s a window over "
+        f"{len(files) / windows:.1f} UDFs a window; the costliest functions (own time):"
+    )
+    merged = pstats.Stats(*(str(f) for f in files))
+    rows = sorted(merged.stats.items(), key=lambda item: item[1][2], reverse=True)  # type: ignore[attr-defined]
+    for (filename, line, function), (_, calls, own, _, _) in rows[:top]:
+        where = f"{Path(filename).name}:{line}({function})" if line else function
+        print(f"    {own / windows:6.3f} s a window ({calls / windows:8,.0f} calls) {where}")
 
 
 def report(windows: int, seconds: float, usage: Usage, timers: Timers | None = None) -> None:
