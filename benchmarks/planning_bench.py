@@ -60,20 +60,22 @@ def main(argv: list[str] | None = None) -> int:
 
         timers = Timers()
         count_round_trips(timers)
-        seconds, trips = [], []
+        seconds, trips, releases = [], [], []
         for _ in range(args.warmup + args.repeat):
             with timers.active():
                 started = time.perf_counter()
                 out = engine.outputs(window)
                 seconds.append(time.perf_counter() - started)
             trips.append(timers.round_trips)
+            releases.append(timers.releases)
             out.release()
         spark.stop()
         timed = sorted(seconds[args.warmup :])
         print(
             f"planning one window's outputs: median {statistics.median(timed) * 1e3:.1f} ms, "
             f"10th percentile {timed[len(timed) // 10] * 1e3:.1f} ms over {len(timed)} plans; "
-            f"{statistics.median(trips):.0f} py4j round trips a plan "
+            f"{statistics.median(trips):.0f} py4j round trips a plan, "
+            f"{statistics.median(releases):.0f} of them releasing collected JVM objects "
             f"(machine: {os.cpu_count()} cores)"
         )
     finally:

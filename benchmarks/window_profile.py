@@ -29,6 +29,9 @@ over every `mapInArrow` of the window (the parse with the key lookup, the sinks'
 profiler slows the workers down, so the other figures of such a run are not comparable; the
 profiled time includes waits (for the JVM's batches, for PostgreSQL), not only CPU.
 
+`--round-trips` also counts the py4j commands by where they come from: the innermost onceflow
+function on the sending thread's stack and the PySpark call it made (releases apart).
+
 `--conf key=value` (repeatable) sets a Spark setting for the session, to compare one against
 the defaults. Nothing here is a pass/fail figure; it is what the next change is compared on.
 """
@@ -48,6 +51,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -152,6 +156,8 @@ class Timers:
         self.on = False
         self.labels: list[str] = []
         self.round_trips = 0  # py4j commands the driver sent the JVM
+        self.releases = 0  # of them, py4j's releases of JVM objects Python let go of
+        self.sites: collections.Counter[str] | None = None  # the others by call site, if asked
 
     def wrap(self, owner: Any, name: str, label: str) -> None:
         original = getattr(owner, name)
@@ -175,6 +181,9 @@ class Timers:
         self.seconds.clear()
         self.calls.clear()
         self.round_trips = 0
+        self.releases = 0
+        if self.sites is not None:
+            self.sites.clear()
         self.on = True
         try:
             yield
@@ -208,18 +217,38 @@ def install_timers() -> Timers:
 
 def count_round_trips(timers: Timers) -> None:
     """Count in `timers.round_trips` every command the driver sends the JVM over py4j (each
-    DataFrame operation and each Column built in Python sends several)."""
+    DataFrame operation and each Column built in Python sends several), and in
+    `timers.releases` those that release a JVM object whose Python proxy was collected: py4j
+    sends one per proxy, from whichever thread collects it, so they are not planning's."""
     from py4j.clientserver import ClientServerConnection
+    from py4j.protocol import MEMORY_COMMAND_NAME, MEMORY_DEL_SUBCOMMAND_NAME
 
+    release = MEMORY_COMMAND_NAME + MEMORY_DEL_SUBCOMMAND_NAME
     original = ClientServerConnection.send_command
 
     @functools.wraps(original)
     def counted(connection: Any, command: str, *args: Any, **kwargs: Any) -> Any:
         if timers.on:
             timers.round_trips += 1
+            if command.startswith(release):
+                timers.releases += 1
+            elif timers.sites is not None:
+                timers.sites[call_site()] += 1
         return original(connection, command, *args, **kwargs)
 
     ClientServerConnection.send_command = counted  # type: ignore[method-assign]
+
+
+def call_site() -> str:
+    """The innermost onceflow function on this thread's stack, and the PySpark call it made."""
+    stack = traceback.extract_stack()
+    ours = [i for i, frame in enumerate(stack) if "/onceflow/" in frame.filename]
+    if not ours:
+        return "outside onceflow"
+    caller = stack[ours[-1]]
+    called = next((f for f in stack[ours[-1] + 1 :] if "/pyspark/" in f.filename), None)
+    site = f"{Path(caller.filename).name}:{caller.name}"
+    return f"{site} -> {called.name}" if called is not None else site
 
 
 def spark_jobs(event_dir: Path, after: int) -> list[tuple[int, int, int]]:
@@ -265,6 +294,9 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="profile the Python workers (slows them: compare other figures without it)",
     )
+    parser.add_argument(
+        "--round-trips", action="store_true", help="count the py4j commands by call site"
+    )
     args = parser.parse_args(argv)
 
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
@@ -302,6 +334,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.python_profile:
             spark.profile.clear(type="perf")  # not the warm-up's
         timers = install_timers()
+        if args.round_trips:
+            timers.sites = collections.Counter()
         statements = StatementTimer() if args.statements else None
         print(f"machine: {os.cpu_count()} cores; extra Spark settings: {args.conf or 'none'}")
 
@@ -424,7 +458,12 @@ def report(windows: int, seconds: float, usage: Usage, timers: Timers | None = N
         for label in timers.labels:
             total, calls = timers.seconds[label], timers.calls[label]
             print(f"  {label:<34} {total / windows:6.3f} s a window ({calls} calls)")
-        print(f"  py4j round trips, driver to JVM     {timers.round_trips / windows:6.0f} a window")
+        print(
+            f"  py4j round trips, driver to JVM     {timers.round_trips / windows:6.0f} a window "
+            f"({timers.releases / windows:.0f} of them releasing collected JVM objects)"
+        )
+        for site, count in (timers.sites or collections.Counter()).most_common(10):
+            print(f"    {count / windows:6.1f} a window from {site}")
     if usage.jobs:
         walls, cpus = [j[1] for j in usage.jobs], [j[2] for j in usage.jobs]
         print(
