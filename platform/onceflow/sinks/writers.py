@@ -5,6 +5,11 @@ files into its table; a PostgreSQL group: a COPY into a staging table per sink).
 feeds every partition of every output to the writers of that output in one pass and one Spark
 job, and brings back to the driver only each writer's small result per partition (file names,
 sizes, row counts) — never the rows.
+
+Several outputs go to the Python workers as one frame: each output's rows packed into a struct
+column of its own, tagged with the output's number, in a union of the outputs. So a window
+builds one `mapInArrow` UDF, not one per output (each costs the driver about 30 round trips to
+the JVM, and the task a Python evaluation of its own), and the worker splits each batch by tag.
 """
 
 from __future__ import annotations
@@ -20,12 +25,16 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from onceflow._identifiers import spark_sql_name
+
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
     from onceflow.storage import Location
 
 _RESULT_SCHEMA = "writer STRING, result STRING"
+# The tag column of the union of outputs, and the prefix of their struct columns.
+_TAG = "__writers_output"
 
 
 class PartitionHandle(ABC):
@@ -61,25 +70,47 @@ class PartitionWriter(ABC):
         return None
 
 
-def _partition_function(writers: Sequence[PartitionWriter]) -> Any:
+def _partition_function(groups: Sequence[Sequence[PartitionWriter]], *, tagged: bool) -> Any:
+    """The `mapInArrow` function that feeds a partition's batches to the writers.
+
+    Untagged, one group takes every batch. Tagged (the union of outputs), group `i` takes the
+    rows tagged `i`, unpacked from their struct column."""
+
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pyarrow as pa
+        import pyarrow.compute as pc
         from pyspark import TaskContext
 
         context = TaskContext.get()
         partition = context.partitionId() if context is not None else 0
-        handles = [writer.open(partition) for writer in writers]
+        handles = [[writer.open(partition) for writer in group] for group in groups]
         for batch in batches:
-            if batch.num_rows:
-                for handle in handles:
-                    handle.write(batch)
-        results = [json.dumps(handle.close()) for handle in handles]
+            for i, group_handles in enumerate(handles):
+                rows = batch
+                if tagged:
+                    rows = batch.filter(pc.equal(batch.column(_TAG), i))
+                    rows = pa.RecordBatch.from_struct_array(rows.column(f"{_TAG}_{i}"))
+                if rows.num_rows:
+                    for handle in group_handles:
+                        handle.write(rows)
+        writers = [writer for group in groups for writer in group]
+        results = [json.dumps(h.close()) for group_handles in handles for h in group_handles]
         yield pa.RecordBatch.from_pydict(
             {"writer": [w.key for w in writers], "result": results},
             schema=pa.schema([("writer", pa.string()), ("result", pa.string())]),
         )
 
     return run
+
+
+def _needed(df: DataFrame, group: Sequence[PartitionWriter]) -> list[str]:
+    """The columns of `df` that `group`'s writers need together, in their order."""
+    columns = df.columns
+    needed: list[str] = []
+    for writer in group:
+        wanted = writer.columns(columns)
+        needed += [c for c in (wanted if wanted is not None else columns) if c not in needed]
+    return needed
 
 
 def run_writers(
@@ -106,16 +137,28 @@ def run_writers(
     for writer in writers:
         by_output.setdefault(writer.output, []).append(writer)
     frames = []
-    for name, group in by_output.items():
+    if len(by_output) == 1:
+        [(name, group)] = by_output.items()
         df = outputs[name]
-        columns = df.columns
-        needed: list[str] = []
-        for writer in group:
-            wanted = writer.columns(columns)
-            needed += [c for c in (wanted if wanted is not None else columns) if c not in needed]
-        if needed != columns:  # a select is one more operation to plan
+        needed = _needed(df, group)
+        if needed != df.columns:  # a select is one more operation to plan
             df = df.select(*needed)
-        frames.append(df.mapInArrow(_partition_function(group), _RESULT_SCHEMA))
+        frames.append(df.mapInArrow(_partition_function([group], tagged=False), _RESULT_SCHEMA))
+    elif by_output:
+        groups = list(by_output.items())
+        tagged = [
+            outputs[name].selectExpr(
+                f"{i} AS {_TAG}",
+                "struct({}) AS {}".format(
+                    ", ".join(spark_sql_name(c) for c in _needed(outputs[name], group)),
+                    spark_sql_name(f"{_TAG}_{i}"),
+                ),
+            )
+            for i, (name, group) in enumerate(groups)
+        ]
+        union = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), tagged)
+        function = _partition_function([g for _, g in groups], tagged=True)
+        frames.append(union.mapInArrow(function, _RESULT_SCHEMA))
     frames += list(also)
     results: dict[str, list[dict[str, Any]]] = {key: [] for key in keys}
     if not frames:

@@ -1,0 +1,77 @@
+"""`run_writers`: every writer gets exactly its output's rows, however many outputs share a job."""
+
+from __future__ import annotations
+
+import datetime as dt
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from onceflow.sinks.delta.table import spark_schema_to_arrow
+from onceflow.sinks.writers import ParquetFileWriter, rows_written, run_writers
+from onceflow.storage import Location
+
+PAYMENTS_DDL = (
+    "`id` STRING, `amount` BIGINT, `at` TIMESTAMP, `price` DECIMAL(12,2), "
+    "`tags` ARRAY<STRING>, `with space` STRING"
+)
+
+
+def _payments(spark: Any) -> Any:
+    at = dt.datetime(2024, 2, 29, 23, 59, 59, 123456)
+    rows = [
+        (f"p-{i}", i * (-1) ** i, at + dt.timedelta(hours=i), Decimal(i) / 4, ["x", str(i)], None)
+        for i in range(40)
+    ]
+    rows.append(("p-nulls", None, None, None, None, "é 支付"))
+    return spark.createDataFrame(rows, PAYMENTS_DDL)
+
+
+def _writer(key: str, output: str, df: Any, root: Path, columns: list[str] | None = None) -> Any:
+    schema = spark_schema_to_arrow(df.select(*columns) if columns else df)
+    return ParquetFileWriter(key, output, Location(str(root / key)), "", schema)
+
+
+def _written(root: Path, key: str) -> list[tuple[Any, ...]]:
+    tables = [pq.read_table(f) for f in sorted((root / key).glob("*.parquet"))]
+    if not tables:
+        return []
+    rows = pa.concat_tables(tables).to_pylist()
+    return sorted((tuple(r.values()) for r in rows), key=repr)
+
+
+def _expected(df: Any, columns: list[str] | None = None) -> list[tuple[Any, ...]]:
+    picked = df.select(*columns) if columns else df
+    return sorted((tuple(r.values()) for r in picked.toArrow().to_pylist()), key=repr)
+
+
+@pytest.mark.parametrize("outputs", [("payments",), ("payments", "totals", "empty")])
+def test_each_writer_gets_exactly_its_outputs_rows(
+    spark: Any, tmp_path: Path, outputs: tuple[str, ...]
+) -> None:
+    frames = {
+        "payments": _payments(spark),
+        # Three partitions beside the others' one: every writer runs in every task.
+        "totals": spark.range(50)
+        .selectExpr("id % 7 AS k", "CAST(id AS DOUBLE) / 3 AS v")
+        .repartition(3),
+        "empty": spark.createDataFrame([], "x INT, y STRING"),
+    }
+    frames = {name: frames[name] for name in outputs}
+    narrow = ["with space", "amount"]  # a second writer of one output, on other columns
+    writers = [_writer("all", "payments", frames["payments"], tmp_path)]
+    writers.append(_writer("narrow", "payments", frames["payments"], tmp_path, narrow))
+    writers += [_writer(name, name, frames[name], tmp_path) for name in outputs[1:]]
+
+    results = run_writers(frames, writers)
+
+    assert _written(tmp_path, "all") == _expected(frames["payments"])
+    assert _written(tmp_path, "narrow") == _expected(frames["payments"], narrow)
+    assert rows_written(results["all"]) == rows_written(results["narrow"]) == 41
+    for name in outputs[1:]:
+        assert _written(tmp_path, name) == _expected(frames[name])
+        assert rows_written(results[name]) == frames[name].count()
