@@ -19,15 +19,19 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check platform assets resources sensors tests definitions.py
 
-# The suite without the headless-browser test of the Dagster UI (about five minutes of a
-# run near CI's 90-minute limit on a slow machine); CI runs this (.ci/run).
+# Test processes: each has its own Spark session and PostgreSQL server; a test file stays in
+# one process (its module fixtures are built once). Much of a test's time is spent waiting on
+# the processes it starts, so two processes keep two cores busy.
+TEST_WORKERS ?= 2
+
+# The suite without the headless-browser test of the Dagster UI; CI runs this (.ci/run).
 test: setup lint
-	$(BIN)/python -m pytest -q -m "not browser"
+	$(BIN)/python -m pytest -q -m "not browser" -n $(TEST_WORKERS) --dist loadfile
 
 # The whole suite, the browser test included (setup installs Chromium). Screenshots of the UI
 # test: tests/artifacts/ui/.
 test-all: setup lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 bench: setup
 	$(BIN)/python benchmarks/payments_bench.py
