@@ -23,6 +23,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The `slow` tests first: with the suite split by file over processes (`make test`), the
+    long files start at once and the short ones fill in after, instead of one process running
+    the last long files alone."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture(scope="session")
 def pg_server_dsn(request: pytest.FixtureRequest) -> Iterator[str]:
     """DSN of the session's PostgreSQL server (maintenance database)."""
