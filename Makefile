@@ -23,16 +23,17 @@ lint: setup
 # one process (its module fixtures are built once). Much of a test's time is spent waiting on
 # the processes it starts, so two processes keep two cores busy.
 TEST_WORKERS ?= 2
+PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The suite without the headless-browser test of the Dagster UI and the `exhaustive` rest of
 # the S3 lake's fault matrices; CI runs this (.ci/run).
 test: setup lint
-	$(BIN)/python -m pytest -q -m "not browser and not exhaustive" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+	$(PYTEST) -m "not browser and not exhaustive"
 
 # The whole suite, the browser test included (setup installs Chromium). Screenshots of the UI
 # test: tests/artifacts/ui/.
 test-all: setup lint
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+	$(PYTEST)
 
 bench: setup
 	$(BIN)/python benchmarks/payments_bench.py
