@@ -8,6 +8,8 @@ database and lake each time, after a two-window warm-up) and prints, per repeat:
   committing, which overlap (the engine prepares window N+1 while N commits);
 - the window's Spark jobs, from Spark's event log: how many, their wall time and the JVM CPU
   of their tasks;
+- how many classes Spark's code generation compiled (none a window once each window's plan
+  generates code Spark has compiled before);
 - CPU seconds by process (the Spark JVM, its Python workers, this driver, the PostgreSQL server
   with its exited backends) and, inside the JVM, by thread kind: the JIT compiler threads
   against the executor's task threads;
@@ -345,13 +347,15 @@ def main(argv: list[str] | None = None) -> int:
             last_job = max((job[0] for job in spark_jobs(events, -1)), default=-1)
             cpu0, threads0, busy0 = process_cpu(), jvm_thread_cpu(), machine_busy_s()
             pg0 = postgres_activity(server_dsn)
+            codegen0 = codegen_compilations(spark)
             out = run()
+            codegen = codegen_compilations(spark) - codegen0
             cpu, threads = process_cpu() - cpu0, jvm_thread_cpu() - threads0
             busy = machine_busy_s() - busy0
             time.sleep(1.5)  # a backend reports its counters at most once a second
             pg = postgres_activity(server_dsn)
             activity = {k: pg[k] - pg0[k] for k in pg}
-            return out, Usage(spark_jobs(events, last_job), cpu, threads, busy, activity)
+            return out, Usage(spark_jobs(events, last_job), cpu, threads, busy, activity, codegen)
 
         for rep in range(1, args.repeat + 1):
             with timers.active(), statements.active() if statements else contextlib.nullcontext():
@@ -428,6 +432,14 @@ class Usage:
     threads: collections.Counter[str]
     busy_s: float
     postgres: dict[str, int]
+    codegen: int
+
+
+def codegen_compilations(spark: Any) -> int:
+    """How many classes Spark's code generation has compiled in this JVM: a plan whose
+    generated code Spark compiled before (the same code, literals included) compiles none."""
+    metrics = spark._jvm.org.apache.spark.metrics.source.CodegenMetrics
+    return int(metrics.METRIC_COMPILATION_TIME().getCount())
 
 
 def python_workers_report(spark: Any, folder: Path, windows: int, top: int = 12) -> None:
@@ -483,6 +495,7 @@ def report(windows: int, seconds: float, usage: Usage, timers: Timers | None = N
     )
     busiest = ", ".join(f"{k} {v:.1f}" for k, v in usage.threads.most_common(4) if v >= 0.1)
     print(f"  JVM threads: {busiest}")
+    print(f"  generated code compiled: {usage.codegen / windows:.1f} classes a window")
     print(
         "  PostgreSQL a window: "
         + ", ".join(f"{v / windows:,.0f} {k}" for k, v in usage.postgres.items())

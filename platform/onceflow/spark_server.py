@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from onceflow.errors import ConfigurationError
-from onceflow.spark import LOCAL_DEFAULTS, REQUIRED_CONF, quiet_java_options
+from onceflow.spark import LOCAL_DEFAULTS, REQUIRED_CONF, java_options
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 15002
@@ -74,10 +74,8 @@ class SparkServerConfig:
         settings.update(REQUIRED_CONF)
         settings["spark.connect.grpc.binding.address"] = self.host
         settings["spark.connect.grpc.binding.port"] = str(self.port)
-        java_options = quiet_java_options()
-        if java_options:
-            settings["spark.driver.extraJavaOptions"] = java_options
-            settings["spark.executor.extraJavaOptions"] = java_options
+        settings["spark.driver.extraJavaOptions"] = java_options()
+        settings["spark.executor.extraJavaOptions"] = java_options()
         settings.update(self.conf)
         submit = spark_home() / "bin" / "spark-submit"
         args = [str(submit), "--class", SERVER_CLASS, "--name", "onceflow-spark-server"]

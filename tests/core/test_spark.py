@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from onceflow.generate import generate_payments
-from onceflow.spark import quiet_java_options
+from onceflow.spark import JIT_JAVA_OPTIONS, java_options, quiet_java_options
 from tests.support.cli import CliRun
 
 CHATTER = (
@@ -42,3 +42,15 @@ def test_debug_restores_sparks_own_logging(monkeypatch) -> None:
     assert Path(quiet_java_options().split("=", 1)[1].removeprefix("file://")).is_file()
     monkeypatch.setenv("ONCEFLOW_DEBUG", "1")
     assert quiet_java_options() == ""
+
+
+def test_the_jvm_runs_with_the_jit_thresholds_and_quiet_logging(spark) -> None:
+    runtime = spark._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
+    arguments = list(runtime.getInputArguments())
+    assert JIT_JAVA_OPTIONS in arguments
+    assert any("log4j2-quiet.properties" in a for a in arguments)
+
+
+def test_debug_keeps_the_jit_thresholds(monkeypatch) -> None:
+    monkeypatch.setenv("ONCEFLOW_DEBUG", "1")
+    assert java_options() == JIT_JAVA_OPTIONS

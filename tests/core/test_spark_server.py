@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from onceflow.generate import generate_payments
+from onceflow.spark import java_options
 from onceflow.spark_server import SparkServerConfig, free_port
 from tests.support.cli import ONCEFLOW, CliRun, Finished, cli_env
 from tests.support.daily_totals_oracle import (
@@ -130,6 +131,7 @@ def test_the_server_command_runs_pyspark_connect_server() -> None:
     assert "org.apache.spark.sql.connect.service.SparkConnectServer" in command
     assert "spark.connect.grpc.binding.port=15123" in command
     assert "spark.sql.session.timeZone=UTC" in command
+    assert f"spark.driver.extraJavaOptions={java_options()}" in command
 
 
 @pytest.mark.parametrize("point", ["before_sinks", "after_delta", "pg_commit_sent"])
