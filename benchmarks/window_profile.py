@@ -493,7 +493,7 @@ def report(windows: int, seconds: float, usage: Usage, timers: Timers | None = N
         f"  machine busy: {usage.busy_s:.1f} of {capacity:.1f} core-seconds "
         f"({usage.busy_s / capacity:.0%})"
     )
-    busiest = ", ".join(f"{k} {v:.1f}" for k, v in usage.threads.most_common(4) if v >= 0.1)
+    busiest = ", ".join(f"{k} {v:.1f}" for k, v in usage.threads.most_common(12) if v >= 0.1)
     print(f"  JVM threads: {busiest}")
     print(f"  generated code compiled: {usage.codegen / windows:.1f} classes a window")
     print(

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from onceflow.generate import generate_payments
-from onceflow.spark import JIT_JAVA_OPTIONS, java_options, quiet_java_options
+from onceflow.spark import ARROW_NO_BYTE_LIMIT, JIT_JAVA_OPTIONS, java_options, quiet_java_options
 from tests.support.cli import CliRun
 
 CHATTER = (
@@ -54,3 +54,22 @@ def test_the_jvm_runs_with_the_jit_thresholds_and_quiet_logging(spark) -> None:
 def test_debug_keeps_the_jit_thresholds(monkeypatch) -> None:
     monkeypatch.setenv("ONCEFLOW_DEBUG", "1")
     assert java_options() == JIT_JAVA_OPTIONS
+
+
+def test_python_batches_are_bounded_by_rows_not_sized_after_every_row(spark) -> None:
+    # Any byte limit but ARROW_NO_BYTE_LIMIT makes Spark size the batch after each row.
+    limit = spark.conf.get("spark.sql.execution.arrow.maxBytesPerBatch")
+    assert int(limit.rstrip("b")) == ARROW_NO_BYTE_LIMIT
+    rows = int(spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch"))
+
+    def sizes(batches):
+        import pyarrow as pa
+
+        for batch in batches:
+            yield pa.RecordBatch.from_pydict({"n": [batch.num_rows]})
+
+    frame = spark.range(0, 2 * rows + 5, numPartitions=1).selectExpr(
+        "struct(id, cast(id AS string) AS text) AS s"
+    )
+    seen = sorted(r["n"] for r in frame.mapInArrow(sizes, "n BIGINT").collect())
+    assert seen == [5, rows, rows]
