@@ -103,6 +103,89 @@ def test_a_window_contributes_one_row_per_key_and_saving_it_again_replaces_it(
         assert _read(conn, 4) == first
         assert has_contribution(conn, "j", "balances", 5)
         assert not has_contribution(conn, "j", "balances", 6)
+        # One row a window, whatever its number of keys.
+        stored = conn.execute(
+            "SELECT window_id, keys, amounts FROM onceflow.window_contributions ORDER BY 1"
+        ).fetchall()
+        assert [(w, *_by_first_key(k, a)) for w, k, a in stored] == [
+            (4, [["m1", "m2"], ["EUR", "USD"]], [[12, -3], [2, 1]]),
+            (5, [["m1"], ["EUR"]], [[1], [1]]),
+        ]
+        _stage(conn, [])  # a window that adds nothing records nothing
+        _save_contribution(conn, BALANCES, STAGING, "j", 6)
+        assert _read(conn, 6) == []
+        assert not has_contribution(conn, "j", "balances", 6)
+
+
+def _by_first_key(keys: list[list[str]], amounts: list[list[int]]) -> tuple[list, list]:
+    """The arrays with their keys in the order of the first key column (GROUP BY's order is
+    the server's choice)."""
+    order = sorted(range(len(keys[0])), key=lambda r: keys[0][r])
+    return [[col[r] for r in order] for col in keys], [[col[r] for r in order] for col in amounts]
+
+
+def test_contributions_of_earlier_versions_are_read_and_replaced(pg_dsn: str) -> None:
+    with psycopg.connect(pg_dsn) as conn:
+        conn.execute(_OLD_CONTRIBUTIONS)
+        conn.execute(PROTOCOL_DDL)
+        conn.execute(
+            "INSERT INTO onceflow.contributions VALUES ('j', 'balances', 1, '[\"m2\", \"USD\"]',"
+            " '[-4, 2]')"
+        )
+        assert _read(conn, 1) == [("m1", "EUR", 5, 1), ("m2", "USD", -4, 2)]
+        assert has_contribution(conn, "j", "balances", 1)
+        _stage(conn, [("m3", "GBP", 8, 1)])
+        _save_contribution(conn, BALANCES, STAGING, "j", 1)  # a restatement records it anew
+        assert _read(conn, 1) == [("m3", "GBP", 8, 1)]
+        left = conn.execute("SELECT count(*) FROM onceflow.contributions").fetchone()
+        assert left == (0,)
+        conn.rollback()
+
+
+def test_keys_of_every_type_read_back_as_they_were(pg_dsn: str) -> None:
+    spec = PostgresSink(
+        name="by_day",
+        output="by_day",
+        table="by_day",
+        columns={
+            "day": "date",
+            "at": "timestamptz",
+            "shop": "bigint",
+            "label": "text",
+            "total": "numeric",
+        },
+        key=("day", "at", "shop", "label"),
+        mode="accumulate",
+        accumulate=("total",),
+    )
+    row = ("2026-03-04", "2026-03-04T05:06:07.123456+05:30", -7, 'a "quoted", {odd} label', 10**30)
+    with psycopg.connect(pg_dsn) as conn:
+        conn.execute(PROTOCOL_DDL)
+        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(STAGING))
+        conn.execute(
+            sql.SQL(
+                "CREATE TABLE {} (day date, at timestamptz, shop bigint, label text, total numeric)"
+            ).format(STAGING)
+        )
+        conn.execute(sql.SQL("INSERT INTO {} VALUES (%s, %s, %s, %s, %s)").format(STAGING), row)
+        conn.execute("SET DateStyle = 'SQL, MDY'")
+        conn.execute("SET TimeZone = 'America/Chicago'")
+        _save_contribution(conn, spec, STAGING, "j", 1)
+        conn.execute("SET DateStyle = 'German'")
+        conn.execute("SET TimeZone = 'Asia/Tokyo'")
+        # Compared in the server, under the other settings: the keys are cast back there.
+        relation = _contribution(spec, "j", 1)
+        differ = conn.execute(
+            sql.SQL(
+                "SELECT (SELECT count(*) FROM {rel} AS c),"
+                " (SELECT count(*) FROM (SELECT * FROM {rel} AS c EXCEPT ALL"
+                " SELECT * FROM {stage}) AS d),"
+                " (SELECT count(*) FROM (SELECT * FROM {stage} EXCEPT ALL"
+                " SELECT * FROM {rel} AS c) AS d)"
+            ).format(rel=relation, stage=STAGING)
+        ).fetchone()
+        conn.rollback()
+    assert differ == (1, 0, 0)
 
 
 def _balances_table(conn: psycopg.Connection, table: str, extra: str) -> PostgresSink:

@@ -85,10 +85,19 @@ CREATE TABLE IF NOT EXISTS onceflow.restate_commits (
     committed_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (job, sink, seq)
 );
--- A window's rows are written and read together, by (job, sink, window_id); the key is
--- unique within a window by construction (grouped on insert). A primary key on the jsonb key
--- cost twice the insert (jsonb comparisons in the btree, measured), so it is dropped where an
--- earlier version created it.
+-- What a window added to an accumulating sink, so a restatement can take it back: one row per
+-- window, each key column's values and each accumulated column's sums as one array
+-- (`keys[c][r]`, `amounts[c][r]` for the window's r-th key). A row per key cost two and a half
+-- times the insert (a heap tuple, an index entry and two jsonb values per key, measured).
+CREATE TABLE IF NOT EXISTS onceflow.window_contributions (
+    job text NOT NULL,
+    sink text NOT NULL,
+    window_id bigint NOT NULL,
+    keys text[] NOT NULL,
+    amounts numeric[] NOT NULL,
+    PRIMARY KEY (job, sink, window_id)
+);
+-- Earlier versions kept a row per key here; their windows are still read from it.
 CREATE TABLE IF NOT EXISTS onceflow.contributions (
     job text NOT NULL,
     sink text NOT NULL,
@@ -861,48 +870,97 @@ def _accumulate_upsert(
 
 
 def _contribution(spec: PostgresSink, job: str, window_id: int) -> sql.Composable:
-    """The recorded contribution of a window to an accumulating sink, as a relation."""
-    items = [
+    """The recorded contribution of a window to an accumulating sink, as a relation: the key
+    columns (as the table's types) and the summed amounts (numeric), one row per key."""
+    where = sql.SQL("c.job = {} AND c.sink = {} AND c.window_id = {}").format(
+        sql.Literal(job), sql.Literal(spec.name), sql.Literal(window_id)
+    )
+    # Keys were stored as their JSON text (`_save_contribution`), which casts back exactly.
+    typed = [
+        sql.SQL("{}::{} AS {}").format(
+            sql.Identifier(f"k{i}"), sql.SQL(spec.columns[k]), sql.Identifier(k)
+        )
+        for i, k in enumerate(spec.key)
+    ]
+    typed += [
+        sql.SQL("{} AS {}").format(sql.Identifier(f"a{i}"), sql.Identifier(a))
+        for i, a in enumerate(spec.accumulate)
+    ]
+    # `keys[c:c]` is column c's values in key order; unnest zips the columns back into rows.
+    slices = [sql.SQL("c.keys[{0}:{0}]").format(sql.Literal(i + 1)) for i in range(len(spec.key))]
+    slices += [
+        sql.SQL("c.amounts[{0}:{0}]").format(sql.Literal(i + 1))
+        for i in range(len(spec.accumulate))
+    ]
+    names = [sql.Identifier(f"k{i}") for i in range(len(spec.key))]
+    names += [sql.Identifier(f"a{i}") for i in range(len(spec.accumulate))]
+    legacy = [
         sql.SQL("(c.key ->> {})::{} AS {}").format(
             sql.Literal(i), sql.SQL(spec.columns[k]), sql.Identifier(k)
         )
         for i, k in enumerate(spec.key)
     ]
-    items += [
+    legacy += [
         sql.SQL("(c.amounts ->> {})::numeric AS {}").format(sql.Literal(i), sql.Identifier(a))
         for i, a in enumerate(spec.accumulate)
     ]
     return sql.SQL(
-        "(SELECT {} FROM onceflow.contributions AS c"
-        " WHERE c.job = {} AND c.sink = {} AND c.window_id = {})"
+        "(SELECT {typed} FROM onceflow.window_contributions AS c, unnest({slices}) AS u({names})"
+        " WHERE {where}"
+        " UNION ALL SELECT {legacy} FROM onceflow.contributions AS c WHERE {where})"
     ).format(
-        sql.SQL(", ").join(items), sql.Literal(job), sql.Literal(spec.name), sql.Literal(window_id)
+        typed=sql.SQL(", ").join(typed),
+        slices=sql.SQL(", ").join(slices),
+        names=sql.SQL(", ").join(names),
+        where=where,
+        legacy=sql.SQL(", ").join(legacy),
     )
+
+
+def _forget_contribution(
+    conn: psycopg.Connection, spec: PostgresSink, job: str, window_id: int
+) -> None:
+    for table in ("window_contributions", "contributions"):
+        conn.execute(
+            sql.SQL("DELETE FROM {} WHERE job = %s AND sink = %s AND window_id = %s").format(
+                sql.Identifier("onceflow", table)
+            ),
+            (job, spec.name, window_id),
+        )
 
 
 def _save_contribution(
     conn: psycopg.Connection, spec: PostgresSink, staging: sql.Composable, job: str, window_id: int
 ) -> None:
-    """Record what the window adds to an accumulating sink, in the commit's own transaction."""
-    conn.execute(
-        "DELETE FROM onceflow.contributions WHERE job = %s AND sink = %s AND window_id = %s",
-        (job, spec.name, window_id),
-    )
+    """Record what the window adds to an accumulating sink, in the commit's own transaction.
+
+    A window that adds nothing records no row (`has_contribution` then reads its marker)."""
+    _forget_contribution(conn, spec, job, window_id)
+    keys = sql.SQL(", ").join(sql.Identifier(k) for k in spec.key)
     conn.execute(
         sql.SQL(
-            "INSERT INTO onceflow.contributions (job, sink, window_id, key, amounts)"
-            " SELECT {}, {}, {}, jsonb_build_array({}), jsonb_build_array({})"
-            " FROM {} AS r GROUP BY {}"
+            "INSERT INTO onceflow.window_contributions (job, sink, window_id, keys, amounts)"
+            " SELECT {}, {}, {}, ARRAY[{}], ARRAY[{}]"
+            " FROM (SELECT {}, {} FROM {} AS r GROUP BY {}) AS g HAVING count(*) > 0"
         ).format(
             sql.Literal(job),
             sql.Literal(spec.name),
             sql.Literal(window_id),
-            sql.SQL(", ").join(sql.Identifier(k) for k in spec.key),
+            # A key's JSON text reads back as its type whatever the session's DateStyle.
             sql.SQL(", ").join(
-                sql.SQL("sum({}::numeric)").format(sql.Identifier(a)) for a in spec.accumulate
+                sql.SQL("array_agg(to_jsonb({}) #>> '{{}}')").format(sql.Identifier(k))
+                for k in spec.key
+            ),
+            sql.SQL(", ").join(
+                sql.SQL("array_agg({})").format(sql.Identifier(a)) for a in spec.accumulate
+            ),
+            keys,
+            sql.SQL(", ").join(
+                sql.SQL("sum({}::numeric) AS {}").format(sql.Identifier(a), sql.Identifier(a))
+                for a in spec.accumulate
             ),
             staging,
-            sql.SQL(", ").join(sql.Identifier(k) for k in spec.key),
+            keys,
         )
     )
 
@@ -911,15 +969,14 @@ def has_contribution(conn: psycopg.Connection, job: str, sink: str, window_id: i
     """Whether the window's contribution to an accumulating sink is on record."""
     return (
         conn.execute(
-            "SELECT 1 FROM onceflow.contributions WHERE job = %s AND sink = %s AND window_id = %s"
+            "SELECT 1 FROM onceflow.window_contributions"
+            " WHERE job = %(job)s AND sink = %(sink)s AND window_id = %(w)s"
+            " UNION ALL SELECT 1 FROM onceflow.contributions"
+            " WHERE job = %(job)s AND sink = %(sink)s AND window_id = %(w)s"
+            " UNION ALL SELECT 1 FROM onceflow.sink_commits"
+            " WHERE job = %(job)s AND sink = %(sink)s AND window_id = %(w)s AND rows_written = 0"
             " LIMIT 1",
-            (job, sink, window_id),
-        ).fetchone()
-        is not None
-        or conn.execute(
-            "SELECT 1 FROM onceflow.sink_commits WHERE job = %s AND sink = %s AND window_id = %s"
-            " AND rows_written = 0",
-            (job, sink, window_id),
+            {"job": job, "sink": sink, "w": window_id},
         ).fetchone()
         is not None
     )
