@@ -143,7 +143,7 @@ def test_a_restatement_that_cannot_finish_changes_nothing(
     job = get_job("payments")
     Engine(job, settings, spark, pg_dsn).run(max_units_per_window=2)
     with psycopg.connect(pg_dsn) as conn:  # window 2's balance contribution is lost
-        conn.execute("DELETE FROM onceflow.contributions WHERE window_id = 2")
+        conn.execute("DELETE FROM onceflow.window_contributions WHERE window_id = 2")
     before = actual_outputs(pg_dsn, lake)
 
     changed = Engine(dataclasses.replace(job, transform=_flat_fee), settings, spark, pg_dsn)
