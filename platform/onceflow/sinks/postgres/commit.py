@@ -929,6 +929,14 @@ def _forget_contribution(
         )
 
 
+def _key_text(spec: PostgresSink, column: str) -> sql.Composable:
+    """A key column's value as text that casts back to it exactly: its JSON text, which no
+    session setting (DateStyle, TimeZone) changes; a text column as it is."""
+    if spec.columns[column].strip().lower() == "text":
+        return sql.Identifier(column)
+    return sql.SQL("to_jsonb({}) #>> '{{}}'").format(sql.Identifier(column))
+
+
 def _save_contribution(
     conn: psycopg.Connection, spec: PostgresSink, staging: sql.Composable, job: str, window_id: int
 ) -> None:
@@ -946,10 +954,8 @@ def _save_contribution(
             sql.Literal(job),
             sql.Literal(spec.name),
             sql.Literal(window_id),
-            # A key's JSON text reads back as its type whatever the session's DateStyle.
             sql.SQL(", ").join(
-                sql.SQL("array_agg(to_jsonb({}) #>> '{{}}')").format(sql.Identifier(k))
-                for k in spec.key
+                sql.SQL("array_agg({})").format(_key_text(spec, k)) for k in spec.key
             ),
             sql.SQL(", ").join(
                 sql.SQL("array_agg({})").format(sql.Identifier(a)) for a in spec.accumulate
