@@ -87,8 +87,9 @@ CREATE TABLE IF NOT EXISTS onceflow.restate_commits (
 );
 -- What a window added to an accumulating sink, so a restatement can take it back: one row per
 -- window, each key column's values and each accumulated column's sums as one array
--- (`keys[c][r]`, `amounts[c][r]` for the window's r-th key). A row per key cost two and a half
--- times the insert (a heap tuple, an index entry and two jsonb values per key, measured).
+-- (`keys[c][r]`, `amounts[c][r]` for the window's r-th key). A row per key (a heap tuple, an
+-- index entry and two jsonb values each) cost up to twice the insert and twelve times the
+-- space (measured).
 CREATE TABLE IF NOT EXISTS onceflow.window_contributions (
     job text NOT NULL,
     sink text NOT NULL,
@@ -875,7 +876,7 @@ def _contribution(spec: PostgresSink, job: str, window_id: int) -> sql.Composabl
     where = sql.SQL("c.job = {} AND c.sink = {} AND c.window_id = {}").format(
         sql.Literal(job), sql.Literal(spec.name), sql.Literal(window_id)
     )
-    # Keys were stored as their JSON text (`_save_contribution`), which casts back exactly.
+    # Keys were stored as text that casts back exactly (`_key_text`).
     typed = [
         sql.SQL("{}::{} AS {}").format(
             sql.Identifier(f"k{i}"), sql.SQL(spec.columns[k]), sql.Identifier(k)
