@@ -10,7 +10,10 @@ the two sides alternating:
 - an upsert of 19,000 new random keys into a 400,000-row table, the rows in key order or as
   staged;
 - a ledger-sized read (one indexed row) on a new session each time, as before
-  `onceflow.postgres.Sessions`, or on a kept one.
+  `onceflow.postgres.Sessions`, or on a kept one;
+- an accumulating sink's window contribution (10,000 staged rows of about 8,000 keys) recorded
+  by onceflow's `_save_contribution`, one row a window, or as versions before kept it, a row
+  per key.
 """
 
 from __future__ import annotations
@@ -178,6 +181,58 @@ def sessions(dsn: str, rounds: int) -> dict[str, list[float]]:
     return {name: [t / reads for t in samples] for name, samples in times.items()}
 
 
+def contributions(dsn: str, rounds: int) -> dict[str, list[float]]:
+    from onceflow.jobs.payments import PAYMENTS
+    from onceflow.sinks.postgres import commit
+
+    balances = PAYMENTS.sink("pg_merchant_balances")
+    staging = sql.Identifier("public", "contribution_stage")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(commit.PROTOCOL_DDL)
+        conn.execute(
+            "CREATE UNLOGGED TABLE contribution_stage (merchant_id text, currency text,"
+            " total_cents numeric, payment_count numeric)"
+        )
+        conn.execute(
+            "INSERT INTO contribution_stage SELECT 'm' || (random() * 5000)::int,"
+            " (ARRAY['EUR', 'USD', 'GBP', 'JPY', 'CHF'])[1 + (random() * 4)::int],"
+            " (random() * 1e7)::bigint - 1000000, 1 FROM generate_series(1, 10000)"
+        )
+    # The statement versions before this one ran (with the delete of the window's rows).
+    per_key = sql.SQL(
+        "DELETE FROM onceflow.contributions WHERE job = 'bench' AND sink = {sink}"
+        " AND window_id = {w};"
+        " INSERT INTO onceflow.contributions (job, sink, window_id, key, amounts)"
+        " SELECT 'bench', {sink}, {w}, jsonb_build_array(merchant_id, currency),"
+        " jsonb_build_array(sum(total_cents::numeric), sum(payment_count::numeric))"
+        " FROM {stage} AS r GROUP BY merchant_id, currency"
+    )
+    work = psycopg.connect(dsn)
+    window = [0]
+
+    def record(one_row: bool) -> Callable[[], float]:
+        def run() -> None:
+            window[0] += 1
+            if one_row:
+                commit._save_contribution(work, balances, staging, "bench", window[0])
+            else:
+                work.execute(
+                    per_key.format(
+                        sink=sql.Literal(balances.name), w=sql.Literal(window[0]), stage=staging
+                    )
+                )
+            work.commit()
+
+        return lambda: _timed(run)
+
+    try:
+        return _alternate(
+            rounds, {"one row a window": record(True), "a row per key": record(False)}
+        )
+    finally:
+        work.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeat", type=int, default=8)
@@ -192,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
             ("accumulate a 10,000-key window into 50,000 rows", accumulate),
             ("upsert 19,000 new random keys into 400,000 rows", upsert_order),
             ("one ledger read (per read, session included)", sessions),
+            ("record a window's contribution (10,000 staged rows)", contributions),
         ):
             print(title)
             for name, samples in bench(dsn, args.repeat).items():
