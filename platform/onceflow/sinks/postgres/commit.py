@@ -88,8 +88,8 @@ CREATE TABLE IF NOT EXISTS onceflow.restate_commits (
 -- What a window added to an accumulating sink, so a restatement can take it back: one row per
 -- window, each key column's values and each accumulated column's sums as one array
 -- (`keys[c][r]`, `amounts[c][r]` for the window's r-th key). A row per key (a heap tuple, an
--- index entry and two jsonb values each) cost up to twice the insert and twelve times the
--- space (measured).
+-- index entry and two jsonb values each) cost two and a half times the insert and twelve
+-- times the space (benchmarks/postgres_statements_bench.py).
 CREATE TABLE IF NOT EXISTS onceflow.window_contributions (
     job text NOT NULL,
     sink text NOT NULL,
