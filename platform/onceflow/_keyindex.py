@@ -22,7 +22,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+from collections import deque
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -50,8 +52,7 @@ _log = logging.getLogger(__name__)
 
 KEY_COL = "__dedupe_key"
 SEEN_COL = "__seen"
-# Rows of a partition looked up together (one query per LOOKUP_CHUNK distinct keys).
-LOOKUP_ROWS = 200_000
+# Most distinct keys one lookup query asks about.
 LOOKUP_CHUNK = 20_000
 
 DDL = """
@@ -108,8 +109,12 @@ def text_array(values: pa.Array) -> str:
 class SeenLookup:
     """A mapInArrow function adding KEY_COL (the dedupe key as text) and SEEN_COL (an earlier
     window than `before` kept that key) to parsed rows; invalid rows (`_reason` set) are never
-    seen. Each partition asks the index once per LOOKUP_CHUNK distinct keys, again after a lost
-    connection (a read) until `retry_s` has passed."""
+    seen.
+
+    Each batch's distinct keys are asked of the index (LOOKUP_CHUNK at a time) on one
+    connection in a thread of the partition's own, while the next batch is parsed; a batch
+    leaves once its answer is in, so one lookup at a time is in flight. After a lost connection
+    a lookup (a read) is asked again on a new one until `retry_s` has passed."""
 
     dsn: str
     job: str
@@ -122,44 +127,40 @@ class SeenLookup:
     ADDED_DDL = f"{KEY_COL} STRING, {SEEN_COL} BOOLEAN"
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        held: list[pa.RecordBatch] = []
-        rows = 0
-        for batch in batches:
-            held.append(batch)
-            rows += batch.num_rows
-            if rows >= LOOKUP_ROWS:
-                yield from self._mark(held)
-                held, rows = [], 0
-        yield from self._mark(held)
-
-    def _mark(self, batches: list[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        keyed = []
-        for batch in batches:
-            keys = key_strings(batch, self.columns)
-            if REASON_COLUMN in batch.schema.names:
-                keys = pc.if_else(
-                    pc.is_null(batch.column(REASON_COLUMN)), keys, pa.scalar(None, pa.string())
-                )
-            keyed.append((batch, keys))
-        distinct = (
-            pc.unique(pa.chunked_array([k for _, k in keyed], pa.string())).drop_null()
-            if keyed
-            else pa.array([], pa.string())
-        )
-        seen = pa.array(self._seen(distinct), pa.string())
-        for batch, keys in keyed:
-            flags = pc.fill_null(pc.is_in(keys, value_set=seen), False)
-            yield pa.RecordBatch.from_arrays(
-                [*batch.columns, keys, flags],
-                schema=batch.schema.append(pa.field(KEY_COL, pa.string())).append(
-                    pa.field(SEEN_COL, pa.bool_())
-                ),
-            )
+        asking: deque[tuple[pa.RecordBatch, pa.Array, Future[set[str]]]] = deque()
+        with _Asker(self) as asker:
+            for batch in batches:
+                keys = key_strings(batch, self.columns)
+                if REASON_COLUMN in batch.schema.names:
+                    keys = pc.if_else(
+                        pc.is_null(batch.column(REASON_COLUMN)), keys, pa.scalar(None, pa.string())
+                    )
+                asking.append((batch, keys, asker.ask(pc.unique(keys).drop_null())))
+                while len(asking) > 1:
+                    yield self._marked(*asking.popleft())
+            while asking:
+                yield self._marked(*asking.popleft())
 
-    def _seen(self, keys: pa.Array) -> list[str]:
+    def _marked(
+        self, batch: pa.RecordBatch, keys: pa.Array, answer: Future[set[str]]
+    ) -> pa.RecordBatch:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        seen = pa.array(list(answer.result()), pa.string())
+        flags = pc.fill_null(pc.is_in(keys, value_set=seen), False)
+        return pa.RecordBatch.from_arrays(
+            [*batch.columns, keys, flags],
+            schema=batch.schema.append(pa.field(KEY_COL, pa.string())).append(
+                pa.field(SEEN_COL, pa.bool_())
+            ),
+        )
+
+    def queries(self) -> list[tuple[sql.Composable, tuple[object, ...]]]:
+        """The statements that find seen keys; a None parameter stands for the keys' array."""
         queries: list[tuple[sql.Composable, tuple[object, ...]]] = [
             (
                 sql.SQL(
@@ -180,30 +181,7 @@ class SeenLookup:
                     (None,),
                 )
             )
-        found: list[str] = []
-        for start in range(0, len(keys), LOOKUP_CHUNK):
-            chunk = text_array(keys.slice(start, LOOKUP_CHUNK))
-            delays = None
-            while True:
-                try:
-                    with psycopg.connect(
-                        self.dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S
-                    ) as conn:
-                        rows: set[str] = set()
-                        for query, params in queries:
-                            bound = tuple(chunk if p is None else p for p in params)
-                            rows.update(r[0] for r in conn.execute(query, bound))
-                    found += rows
-                    break
-                except Exception as exc:
-                    if not is_lost_connection(exc):
-                        raise
-                    delays = delays or retry_delays(self.retry_s)
-                    delay = delays()
-                    if delay is None:
-                        raise
-                    time.sleep(delay)
-        return found
+        return queries
 
     def ddl(self, schema: str) -> str:
         """`schema` (the parsed rows' DDL) with the added columns."""
@@ -220,6 +198,60 @@ class SeenLookup:
                 StructField(SEEN_COL, BooleanType()),
             ]
         )
+
+
+class _Asker:
+    """The lookups of one partition: one connection, kept from batch to batch, and one
+    thread that asks on it in turn."""
+
+    def __init__(self, lookup: SeenLookup) -> None:
+        self.lookup = lookup
+        self.queries = lookup.queries()
+        self.conn: psycopg.Connection | None = None
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="onceflow-lookup")
+
+    def __enter__(self) -> _Asker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        if self.conn is not None:
+            self.conn.close()
+
+    def ask(self, keys: pa.Array) -> Future[set[str]]:
+        """The keys of `keys` (distinct, no nulls) that were seen, found in the thread."""
+        return self.pool.submit(self._seen, keys)
+
+    def _seen(self, keys: pa.Array) -> set[str]:
+        found: set[str] = set()
+        for start in range(0, len(keys), LOOKUP_CHUNK):
+            found |= self._ask(text_array(keys.slice(start, LOOKUP_CHUNK)))
+        return found
+
+    def _ask(self, chunk: str) -> set[str]:
+        delays = None
+        while True:
+            try:
+                if self.conn is None:
+                    self.conn = psycopg.connect(
+                        self.lookup.dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S
+                    )
+                rows: set[str] = set()
+                for query, params in self.queries:
+                    bound = tuple(chunk if p is None else p for p in params)
+                    rows.update(r[0] for r in self.conn.execute(query, bound))
+                return rows
+            except Exception as exc:
+                if self.conn is not None:
+                    self.conn.close()
+                    self.conn = None
+                if not is_lost_connection(exc):
+                    raise
+                delays = delays or retry_delays(self.lookup.retry_s)
+                delay = delays()
+                if delay is None:
+                    raise
+                time.sleep(delay)
 
 
 def key_frame(df: DataFrame, columns: Sequence[str], window_col: str) -> DataFrame:

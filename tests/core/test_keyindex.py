@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pyarrow as pa
 from deltalake import DeltaTable
 from psycopg import sql
 
@@ -224,3 +225,41 @@ def test_a_lookup_marks_awkward_keys_exactly(spark: Any, pg_dsn: str) -> None:
         r["k"]: r[SEEN_COL] for r in rows.mapInArrow(lookup, lookup.struct(rows.schema)).collect()
     }
     assert marked == {k: k in indexed for k in AWKWARD_KEYS}
+
+
+def test_a_partition_is_looked_up_batch_by_batch_one_batch_ahead(pg_dsn: str) -> None:
+    ledger = Ledger(pg_dsn, "payments")
+    ledger.ensure_schema()
+    index = KeyIndex(pg_dsn, "payments", ledger)
+    ledger.write("index", index.ensure_schema)
+    with psycopg.connect(pg_dsn) as conn:
+        conn.execute("DELETE FROM onceflow.dedupe_keys WHERE job = 'payments'")
+        conn.execute(
+            "INSERT INTO onceflow.dedupe_keys (job, key, window_id)"
+            " SELECT 'payments', 'k' || i, 1 FROM generate_series(0, 120, 3) AS i"
+        )
+    pulled: list[int] = []
+
+    def parsed() -> Any:
+        for n in range(5):
+            pulled.append(n)
+            ids = [f"k{i}" for i in range(n * 20, n * 20 + 25)]  # overlapping batches
+            yield pa.RecordBatch.from_pydict(
+                {"payment_id": ids, "_reason": [None] * 24 + ["bad line"], "n": [n] * 25}
+            )
+
+    lookup = index.lookup(("payment_id",), 2)
+    marked = []
+    for batch in lookup(parsed()):
+        n = batch.column("n")[0].as_py()
+        # The next batch was parsed (its lookup asked) before this one left; no more.
+        assert pulled == list(range(min(n + 2, 5)))
+        marked += zip(
+            batch.column("payment_id").to_pylist(),
+            batch.column("_reason").to_pylist(),
+            batch.column(SEEN_COL).to_pylist(),
+            strict=True,
+        )
+    assert len(marked) == 125
+    for key, reason, seen in marked:
+        assert seen == (reason is None and int(key[1:]) % 3 == 0), (key, reason)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import threading
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from onceflow.sinks.delta.table import spark_schema_to_arrow
-from onceflow.sinks.writers import ParquetFileWriter, rows_written, run_writers
+from onceflow.sinks.writers import (
+    ParquetFileWriter,
+    PartitionHandle,
+    close_all,
+    rows_written,
+    run_writers,
+)
 from onceflow.storage import Location
 
 PAYMENTS_DDL = (
@@ -75,3 +82,34 @@ def test_each_writer_gets_exactly_its_outputs_rows(
     for name in outputs[1:]:
         assert _written(tmp_path, name) == _expected(frames[name])
         assert rows_written(results[name]) == frames[name].count()
+
+
+class _MeetingHandle(PartitionHandle):
+    """A handle whose close waits for every other handle's close to start (or fails)."""
+
+    def __init__(self, barrier: threading.Barrier, fail: bool = False) -> None:
+        self.barrier = barrier
+        self.fail = fail
+        self.closed = False
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        pass
+
+    def close(self) -> dict[str, Any]:
+        self.barrier.wait()  # BrokenBarrierError after its timeout if closes run in turn
+        self.closed = True
+        if self.fail:
+            raise OSError("the upload failed")
+        return {"rows": 0, "handle": id(self)}
+
+
+def test_a_partitions_handles_close_at_once_and_every_one_closes() -> None:
+    barrier = threading.Barrier(3, timeout=10)
+    handles = [_MeetingHandle(barrier) for _ in range(3)]
+    assert close_all(handles) == [{"rows": 0, "handle": id(h)} for h in handles]
+
+    barrier = threading.Barrier(3, timeout=10)
+    handles = [_MeetingHandle(barrier, fail=i == 0) for i in range(3)]
+    with pytest.raises(OSError, match="the upload failed"):
+        close_all(handles)
+    assert all(h.closed for h in handles)  # a failure does not leave the others open
