@@ -13,6 +13,7 @@ import argparse
 import math
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import threading
@@ -362,6 +363,13 @@ def report(args: argparse.Namespace, results: dict[str, list[Measurement]]) -> N
         for name in ("eo", "alo", "peer"):
             spread = ", ".join(f"{m.seconds:.1f}" for m in results[name])
             print(f"{name} seconds per run: {spread}")
+        # Each run's own ratio: the machine's speed drifts between runs, less within one.
+        for name in ("eo", "alo"):
+            ratios = sorted(
+                m.seconds / p.seconds for m, p in zip(results[name], results["peer"], strict=True)
+            )
+            spread = ", ".join(f"{r:.2f}" for r in ratios)
+            print(f"{name} / peer per run: {spread} (median {statistics.median(ratios):.2f}x)")
 
 
 if __name__ == "__main__":
