@@ -8,11 +8,16 @@ session, releasing each plan, and prints the median and the 10th percentile afte
 
 Planning runs on the driver before every window's Spark job, so it is on each window's
 critical path. Compare two versions by running this with each on `PYTHONPATH`.
+
+`--sites` also times the py4j commands by where they come from (the innermost onceflow function
+and the PySpark call it made): a command's time is the JVM's work for it (analysing the new
+plan, caching, listing files) and the round trip.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import shutil
 import statistics
@@ -20,15 +25,17 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from payments_bench import fresh_database
-from window_profile import Timers, count_round_trips
+from window_profile import Timers, call_site, count_round_trips
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeat", type=int, default=60)
     parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--sites", action="store_true", help="time py4j commands by call site")
     args = parser.parse_args(argv)
 
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
@@ -60,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
 
         timers = Timers()
         count_round_trips(timers)
+        sites = time_by_site(timers) if args.sites else None
         seconds, trips, releases = [], [], []
         for _ in range(args.warmup + args.repeat):
             with timers.active():
@@ -69,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
             trips.append(timers.round_trips)
             releases.append(timers.releases)
             out.release()
+            if sites is not None and len(seconds) == args.warmup:
+                sites.clear()  # the warm-up's plans are not counted
         spark.stop()
         timed = sorted(seconds[args.warmup :])
         print(
@@ -78,9 +88,36 @@ def main(argv: list[str] | None = None) -> int:
             f"{statistics.median(releases):.0f} of them releasing collected JVM objects "
             f"(machine: {os.cpu_count()} cores)"
         )
+        if sites is not None:
+            print("py4j commands a plan, by call site (time, commands):")
+            for site, (spent, count) in sorted(sites.items(), key=lambda kv: -kv[1][0])[:20]:
+                print(f"  {spent / args.repeat * 1e3:7.1f} ms {count / args.repeat:6.1f}  {site}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0
+
+
+def time_by_site(timers: Timers) -> dict[str, list[float]]:
+    """Time every py4j command sent while `timers` is on, by `call_site()`: [seconds, count]."""
+    from py4j.clientserver import ClientServerConnection
+
+    sites: dict[str, list[float]] = {}
+    original = ClientServerConnection.send_command
+
+    @functools.wraps(original)
+    def timed(connection: Any, command: str, *args: Any, **kwargs: Any) -> Any:
+        if not timers.on:
+            return original(connection, command, *args, **kwargs)
+        started = time.perf_counter()
+        try:
+            return original(connection, command, *args, **kwargs)
+        finally:
+            entry = sites.setdefault(call_site(), [0.0, 0])
+            entry[0] += time.perf_counter() - started
+            entry[1] += 1
+
+    ClientServerConnection.send_command = timed  # type: ignore[method-assign]
+    return sites
 
 
 if __name__ == "__main__":
