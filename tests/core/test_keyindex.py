@@ -233,7 +233,6 @@ def test_a_partition_is_looked_up_batch_by_batch_one_batch_ahead(pg_dsn: str) ->
     index = KeyIndex(pg_dsn, "payments", ledger)
     ledger.write("index", index.ensure_schema)
     with psycopg.connect(pg_dsn) as conn:
-        conn.execute("DELETE FROM onceflow.dedupe_keys WHERE job = 'payments'")
         conn.execute(
             "INSERT INTO onceflow.dedupe_keys (job, key, window_id)"
             " SELECT 'payments', 'k' || i, 1 FROM generate_series(0, 120, 3) AS i"
