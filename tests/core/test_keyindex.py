@@ -37,6 +37,15 @@ def delta_keys(lake: Path) -> dict[str, int]:
     return dict(zip(table["payment_id"].to_pylist(), table["_window_id"].to_pylist(), strict=True))
 
 
+def new_index(dsn: str, job: str) -> KeyIndex:
+    """The key index of `job`, its tables and the ledger's created."""
+    ledger = Ledger(dsn, job)
+    ledger.ensure_schema()
+    index = KeyIndex(dsn, job, ledger)
+    ledger.write("index", index.ensure_schema)
+    return index
+
+
 def test_the_index_holds_every_kept_key_with_its_window_and_survives_its_loss(
     spark: Any, pg_dsn: str, lake: Path, landing: Path, tmp_path: Path
 ) -> None:
@@ -67,10 +76,7 @@ def test_the_index_holds_every_kept_key_with_its_window_and_survives_its_loss(
 def test_a_lookup_sees_the_index_before_the_window_and_staged_keys(
     spark: Any, pg_dsn: str, tmp_path: Path
 ) -> None:
-    ledger = Ledger(pg_dsn, "payments")
-    ledger.ensure_schema()
-    index = KeyIndex(pg_dsn, "payments", ledger)
-    ledger.write("index", index.ensure_schema)
+    index = new_index(pg_dsn, "payments")
     with psycopg.connect(pg_dsn) as conn:
         conn.execute(
             "INSERT INTO onceflow.dedupe_keys (job, key, window_id) VALUES"
@@ -116,10 +122,7 @@ def _staged_keys(index: KeyIndex, dsn: str, window_id: int, keys: list[str]) -> 
 
 
 def test_keys_enter_the_index_once_with_the_first_window_that_kept_them(pg_dsn: str) -> None:
-    ledger = Ledger(pg_dsn, "payments")
-    ledger.ensure_schema()
-    index = KeyIndex(pg_dsn, "payments", ledger)
-    ledger.write("index", index.ensure_schema)
+    index = new_index(pg_dsn, "payments")
 
     marks = itertools.count(1)
 
@@ -136,7 +139,7 @@ def test_keys_enter_the_index_once_with_the_first_window_that_kept_them(pg_dsn: 
             )
             return index.add(conn, table, [window_id], rows)
 
-        return ledger.write(f"index window {window_id}", work)
+        return index.ledger.write(f"index window {window_id}", work)
 
     assert add(_staged_keys(index, pg_dsn, 5, ["a", "b"]), 5, 2)
     assert index_rows(pg_dsn) == {"a": 5, "b": 5}
@@ -208,10 +211,7 @@ def test_a_key_array_reaches_the_server_as_it_was(pg_dsn: str) -> None:
 
 
 def test_a_lookup_marks_awkward_keys_exactly(spark: Any, pg_dsn: str) -> None:
-    ledger = Ledger(pg_dsn, "awkward")
-    ledger.ensure_schema()
-    index = KeyIndex(pg_dsn, "awkward", ledger)
-    ledger.write("index", index.ensure_schema)
+    index = new_index(pg_dsn, "awkward")
     indexed = AWKWARD_KEYS[::2]
     with psycopg.connect(pg_dsn) as conn:
         with conn.cursor().copy(
@@ -228,10 +228,7 @@ def test_a_lookup_marks_awkward_keys_exactly(spark: Any, pg_dsn: str) -> None:
 
 
 def test_a_partition_is_looked_up_batch_by_batch_one_batch_ahead(pg_dsn: str) -> None:
-    ledger = Ledger(pg_dsn, "payments")
-    ledger.ensure_schema()
-    index = KeyIndex(pg_dsn, "payments", ledger)
-    ledger.write("index", index.ensure_schema)
+    index = new_index(pg_dsn, "payments")
     with psycopg.connect(pg_dsn) as conn:
         conn.execute(
             "INSERT INTO onceflow.dedupe_keys (job, key, window_id)"
