@@ -34,6 +34,9 @@ WILL_RETRY_TAG = "dagster/will_retry"
 # stored with the same timestamp are never split across the cursor.
 OVERLAP = timedelta(seconds=1)
 MAX_RUNS_PER_TICK = 200
+# Dagster stores a run's failure, then tags whether it will retry it: a failed run without the
+# tag is undecided, read again next tick. After this long untagged it is taken as not retried.
+UNDECIDED_GRACE = timedelta(seconds=60)
 
 
 def _load(cursor: str | None) -> tuple[datetime | None, set[str]]:
@@ -61,6 +64,8 @@ def build_failure_sensor(
 
     Runs Dagster will retry (`dagster/will_retry=true`) are left to the retry; recovery runs'
     own failures are left to the reconcile schedule, so a lasting outage is not a tight loop.
+    With run retries on, a failed run not yet tagged either way waits for its tag (up to
+    `UNDECIDED_GRACE`): recovering it then would race the retry Dagster is about to create.
     The run key is the failed run's id, so a failed run gets one recovery run whatever the
     cursor does.
     """
@@ -87,11 +92,20 @@ def build_failure_sensor(
         )
         requests = []
         newest = after
+        undecided: dict[str, datetime] = {}
+        now = datetime.now(timezone.utc)
         for record in records:
             run = record.dagster_run
             updated = _utc(record.update_timestamp)
             newest = max(newest, updated) if newest else updated
             if run.run_id in seen:
+                continue
+            if (
+                context.instance.run_retries_enabled
+                and WILL_RETRY_TAG not in run.tags
+                and now - updated < UNDECIDED_GRACE
+            ):
+                undecided[run.run_id] = updated
                 continue
             seen.add(run.run_id)
             if run.tags.get(WILL_RETRY_TAG) == "true" or run.tags.get(KIND_TAG) == "recovery":
@@ -105,10 +119,16 @@ def build_failure_sensor(
             context.log.info(f"run {run.run_id} of {job.name} failed; requesting recovery")
         if newest is None:
             return SkipReason(f"no failed run of {job.name}")
+        if undecided:
+            # Read the undecided runs again next tick; the decided ones after them stay in `seen`.
+            newest = min(newest, *undecided.values())
         # Only runs inside the overlap can be read again; older ids need not be remembered.
         if records:
             seen = {
-                r.dagster_run.run_id for r in records if _utc(r.update_timestamp) > newest - OVERLAP
+                r.dagster_run.run_id
+                for r in records
+                if _utc(r.update_timestamp) > newest - OVERLAP
+                and r.dagster_run.run_id not in undecided
             }
         cursor = _dump(newest, seen)
         if not requests:

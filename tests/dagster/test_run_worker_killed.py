@@ -271,13 +271,19 @@ def kill_when_at_work(
 
 
 def record_death(dev: DagsterDev, victim: Victim) -> None:
-    """Wait for the killed run to end, and note how (Dagster's `will_retry` verdict)."""
-    dead = wait_run(
-        dev,
-        f"killed run {victim.run_id} to end",
-        status_of(victim.run_id, FINISHED),
-        DEATH_TIMEOUT_S,
-    )
+    """Wait for the killed run to end, and note how (Dagster's `will_retry` verdict).
+
+    Dagster stores a failure first and tags its verdict just after; both are waited for.
+    """
+    ended = status_of(victim.run_id, FINISHED)
+
+    def judged(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
+        run = ended(runs)
+        if run and run["status"] == "FAILURE" and "dagster/will_retry" not in run["tags"]:
+            return None
+        return run
+
+    dead = wait_run(dev, f"killed run {victim.run_id} to end", judged, DEATH_TIMEOUT_S)
     victim.status_after = dead["status"]
     victim.tags = dead["tags"]
     victim.will_retry = dead["tags"].get("dagster/will_retry")

@@ -3,6 +3,7 @@ ledger holds it."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from dagster import (
 import definitions
 from onceflow.generate import generate_payments
 from resources import OnceflowSettingsResource, PostgresResource, SparkResource
+from sensors import failure
 from tests.support.oracle import expected_outputs
 from tests.support.outputs import actual_outputs, assert_exact
 
@@ -68,6 +70,33 @@ def test_failure_sensor_bursts_old_failures_once_each(instance: DagsterInstance)
     requests, cursor = _tick(sensor, instance, cursor)
     assert [r.run_key for r in requests] == [later]
     assert _tick(sensor, instance, cursor)[0] == []
+
+
+def test_failure_sensor_waits_for_dagsters_retry_verdict(monkeypatch) -> None:
+    """Dagster stores a run's failure, then tags whether it will retry it: a run seen between the
+    two is recovered only once the verdict says no retry is coming."""
+    sensor = definitions.defs.get_sensor_def("payments_failure_sensor")
+    with DagsterInstance.ephemeral(settings={"run_retries": {"enabled": True}}) as instance:
+        tags = {"onceflow/job": "payments"}
+
+        def failed_untagged() -> str:
+            return instance.create_run_for_job(
+                _failing, status=DagsterRunStatus.FAILURE, tags=tags
+            ).run_id
+
+        retried, dropped = failed_untagged(), failed_untagged()
+        requests, cursor = _tick(sensor, instance, None)
+        assert requests == []
+        instance.add_run_tags(retried, {"dagster/will_retry": "true"})
+        instance.add_run_tags(dropped, {"dagster/will_retry": "false"})
+        requests, cursor = _tick(sensor, instance, cursor)
+        assert [r.run_key for r in requests] == [dropped]
+        assert _tick(sensor, instance, cursor)[0] == []
+        # A verdict that never comes (an instance whose daemon is down) does not hold it forever.
+        stuck = failed_untagged()
+        assert _tick(sensor, instance, cursor)[0] == []
+        monkeypatch.setattr(failure, "UNDECIDED_GRACE", timedelta(0))
+        assert [r.run_key for r in _tick(sensor, instance, cursor)[0]] == [stuck]
 
 
 def test_new_data_sensor_follows_the_ledger_and_recovery_commits_unplanned_input(
