@@ -159,14 +159,14 @@ class LandingSource(LandingFiles):
         schema: str,
     ) -> DataFrame:
         files = list(offsets.get("files", []))
-        if not files or not all(_binary_readable(settings.landing / f) for f in files):
+        if not files or not all(_readable_whole(settings.landing / f) for f in files):
             return super().read_mapped(spark, settings, offsets, fn, schema)
         _check_planned(self.check_available(settings, offsets))
-        return _read_binary(spark, settings.landing, files, then=fn, schema=schema)
+        return _read_whole(spark, settings.landing, files, then=fn, schema=schema)
 
     def read_files(self, spark: SparkSession, root: Location, files: list[str]) -> DataFrame:
-        if files and all(_binary_readable(root / f) for f in files):
-            return _read_binary(spark, root, files)
+        if files and all(_readable_whole(root / f) for f in files):
+            return _read_whole(spark, root, files)
         # Registered on every read: a Spark Connect session can change under us.
         spark.dataSource.register(_LinesDataSource)
         return (
@@ -177,22 +177,20 @@ class LandingSource(LandingFiles):
         )
 
 
-# Files Spark's own binary reader takes (it reads a whole file as one value): smaller than
-# this, and with names that Hadoop paths neither glob nor misparse.
-BINARY_READ_MAX_BYTES = 256 << 20
+# Files read whole by the Python step that splits them: smaller than this. Larger ones are
+# read line by line (`_LinesDataSource`).
+WHOLE_READ_MAX_BYTES = 256 << 20
 # Windows up to this size are read as one Spark partition.
 ONE_TASK_MAX_BYTES = 16 << 20
-_HADOOP_UNSAFE = frozenset(":*?[]{}\\#%")
+# Larger windows: one task per file, up to this many tasks.
+MAX_READ_TASKS = 64
 
 
-def _binary_readable(path: Location) -> bool:
+def _readable_whole(path: Location) -> bool:
     try:
-        size = path.size()
+        return path.size() < WHOLE_READ_MAX_BYTES
     except OSError:
         return False
-    if not path.is_local:  # read whole by pyarrow on the executors: any name will do
-        return size < BINARY_READ_MAX_BYTES
-    return size < BINARY_READ_MAX_BYTES and not _HADOOP_UNSAFE.intersection(path.uri)
 
 
 def _check_planned(problems: list[str]) -> None:
@@ -204,7 +202,7 @@ def _check_planned(problems: list[str]) -> None:
         )
 
 
-def _read_binary(
+def _read_whole(
     spark: SparkSession,
     root: Location,
     files: list[str],
@@ -212,58 +210,35 @@ def _read_binary(
     then: BatchFunction | None = None,
     schema: str = "",
 ) -> DataFrame:
-    """The lines of `files`, each read whole (by Spark's binary-file reader on a local folder,
-    by pyarrow on an object store) and split on the executors, then passed through `then`
-    (output `schema`) in the same Python step."""
-    if not root.is_local:
-        return _read_remote(spark, root, files, then=then, schema=schema)
-    full = [(root / rel).uri for rel in files]
-    index = {path: (i, rel) for i, (path, rel) in enumerate(zip(full, files, strict=True))}
+    """The lines of `files`, each file read whole and split by the Python step that then passes
+    them through `then` (output `schema`).
+
+    The step's input is `spark.range` over the files' positions, the names travelling in the
+    step's closure: two DataFrame operations to plan, where Spark's binary-file reader lists
+    the files on the driver and copies their bytes through the JVM. A local folder and an
+    object store are read alike (Spark's Hadoop filesystem has no S3 here).
+    """
 
     def split(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from urllib.parse import unquote, urlparse
-
         for batch in batches:
-            for uri, content in zip(
-                batch.column("path").to_pylist(), batch.column("content").to_pylist(), strict=True
-            ):
-                path = unquote(urlparse(uri).path)
-                found = index.get(path) or next(
-                    (v for k, v in index.items() if path.endswith("/" + v[1])), None
-                )
-                if found is None:
-                    raise SourceError(f"the binary reader returned a file not asked for: {uri}")
-                lines = _lines_batch(*found, content)
+            for file_idx in batch.column("id").to_pylist():
+                rel = files[file_idx]
+                lines = _lines_batch(file_idx, rel, (root / rel).read_bytes())
                 if lines is not None:
                     yield lines
-
-    # No select of the two columns used: one DataFrame operation fewer to plan per window.
-    files_frame = spark.read.format("binaryFile").load(full)
-    return _split_files(files_frame, root, files, split, then, schema)
-
-
-def _split_files(
-    frame: DataFrame,
-    root: Location,
-    files: list[str],
-    split: BatchFunction,
-    then: BatchFunction | None,
-    schema: str,
-) -> DataFrame:
-    """`frame` (one row per file) through `split`, then `then` (output `schema`) in the same
-    Python step."""
 
     def split_then(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         assert then is not None
         return then(split(batches))
 
-    if sum((root / rel).size() for rel in files) <= ONE_TASK_MAX_BYTES:
-        # A small window is read, parsed and deduplicated by one task: no shuffle to find
-        # first occurrences, and one file per output.
-        frame = frame.coalesce(1)
+    # A small window is read, parsed and deduplicated by one task: no shuffle to find first
+    # occurrences, and one file per output.
+    small = sum((root / rel).size() for rel in files) <= ONE_TASK_MAX_BYTES
+    tasks = 1 if small else max(1, min(len(files), MAX_READ_TASKS))
+    positions = spark.range(0, len(files), 1, tasks)
     if then is None:
-        return frame.mapInArrow(split, RAW_SCHEMA)
-    return frame.mapInArrow(split_then, schema)
+        return positions.mapInArrow(split, RAW_SCHEMA)
+    return positions.mapInArrow(split_then, schema)
 
 
 def _lines_batch(file_idx: int, rel: str, content: bytes) -> pa.RecordBatch | None:
@@ -283,30 +258,6 @@ def _lines_batch(file_idx: int, rel: str, content: bytes) -> pa.RecordBatch | No
             "_raw": pa.array(lines, pa.binary()),
         }
     )
-
-
-def _read_remote(
-    spark: SparkSession,
-    root: Location,
-    files: list[str],
-    *,
-    then: BatchFunction | None = None,
-    schema: str = "",
-) -> DataFrame:
-    """`_read_binary` for an object store: a frame of the file names, each file fetched whole
-    by pyarrow on the executor that splits it (Spark's Hadoop filesystem has no S3 here)."""
-
-    def split(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch in batches:
-            for file_idx, rel in zip(
-                batch.column("_file_idx").to_pylist(), batch.column("rel").to_pylist(), strict=True
-            ):
-                lines = _lines_batch(file_idx, rel, (root / rel).read_bytes())
-                if lines is not None:
-                    yield lines
-
-    listing = spark.createDataFrame(list(enumerate(files)), "_file_idx INT, rel STRING")
-    return _split_files(listing, root, files, split, then, schema)
 
 
 def _iter_lines(root: str, file_idx: int, rel: str) -> Iterator[tuple[int, str, int, bytes]]:

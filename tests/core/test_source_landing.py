@@ -1,0 +1,103 @@
+"""LandingSource on real Spark: every line of every planned file once, at its position, whatever
+the files' names and sizes and however the read is split."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from onceflow.errors import SourceError
+from onceflow.settings import Settings
+from onceflow.sources import landing as landing_module
+from onceflow.sources.landing import LandingSource
+
+SOURCE = LandingSource(folder="in", suffix=".jsonl")
+# Names Hadoop paths glob or misparse, and plain ones.
+NAMES = ["a plain.jsonl", "b:colon.jsonl", "c#hash%25.jsonl", "d[glob]*{x}.jsonl", "e\\slash.jsonl"]
+
+
+@pytest.fixture()
+def settings(tmp_path: Path, landing: Path) -> Settings:
+    return Settings(home=tmp_path, postgres_dsn=None, lake=tmp_path / "lake", landing=landing)
+
+
+def put_files(settings: Settings) -> dict[str, list[bytes]]:
+    """Files of a few lines each (one empty, one without a final newline, one with a blank and
+    an invalid-UTF-8 line); returns each file's lines as the source must give them."""
+    folder = settings.landing.path / SOURCE.folder
+    folder.mkdir(parents=True, exist_ok=True)
+    contents = {
+        NAMES[0]: b'{"n": 1}\n{"n": 2}\n',
+        NAMES[1]: b"",
+        NAMES[2]: b'{"n": 3}\n\n\xff\xfe not utf-8\n',
+        NAMES[3]: b'{"n": 4}\n{"n": 5}',
+        NAMES[4]: b"".join(b'{"n": %d}\n' % i for i in range(6, 500)),
+    }
+    for name, content in contents.items():
+        (folder / name).write_bytes(content)
+    return {
+        f"{SOURCE.folder}/{name}": content.split(b"\n")[:-1]
+        if content.endswith(b"\n")
+        else content.split(b"\n")
+        if content
+        else []
+        for name, content in contents.items()
+    }
+
+
+def read_rows(spark, settings: Settings) -> tuple[list[tuple[Any, ...]], int]:
+    offsets = SOURCE.offsets(settings, SOURCE.discover(settings, None))
+    frame = SOURCE.read(spark, settings, offsets)
+    rows = [
+        (r["_file_idx"], r["_source_file"], r["_source_line"], bytes(r["_raw"]))
+        for r in frame.collect()
+    ]
+    return rows, frame.rdd.getNumPartitions()
+
+
+def expected_rows(lines: dict[str, list[bytes]]) -> list[tuple[Any, ...]]:
+    return [
+        (idx, rel, number, raw)
+        for idx, rel in enumerate(sorted(lines))
+        for number, raw in enumerate(lines[rel], start=1)
+    ]
+
+
+def test_every_line_of_every_file_once_at_its_position_whatever_the_names(
+    spark, settings: Settings
+) -> None:
+    lines = put_files(settings)
+    rows, partitions = read_rows(spark, settings)
+    # In file order, then line order: the one task of a small window reads them so.
+    assert rows == expected_rows(lines)
+    assert partitions == 1
+
+
+def test_a_large_window_is_read_a_file_a_task_and_gives_the_same_lines(
+    spark, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lines = put_files(settings)
+    monkeypatch.setattr(landing_module, "ONE_TASK_MAX_BYTES", 10)
+    rows, partitions = read_rows(spark, settings)
+    assert sorted(rows) == expected_rows(lines)
+    assert partitions == len(NAMES)
+
+
+def test_files_too_large_to_read_whole_are_read_line_by_line_alike(
+    spark, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lines = put_files(settings)
+    monkeypatch.setattr(landing_module, "WHOLE_READ_MAX_BYTES", 100)
+    rows, partitions = read_rows(spark, settings)
+    assert sorted(rows) == expected_rows(lines)
+    assert partitions == len(NAMES)  # the line reader: one partition per file
+
+
+def test_a_planned_file_gone_before_the_read_is_a_source_error(spark, settings: Settings) -> None:
+    put_files(settings)
+    offsets = SOURCE.offsets(settings, SOURCE.discover(settings, None))
+    (settings.landing.path / SOURCE.folder / NAMES[2]).unlink()
+    with pytest.raises(SourceError, match="missing"):
+        SOURCE.read(spark, settings, offsets)
