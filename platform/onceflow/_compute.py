@@ -9,6 +9,7 @@ inside a sequence give the same rows.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import reduce
@@ -39,20 +40,31 @@ COUNTS = "__counts"
 class Computed:
     """A computation's cached intermediates and its outputs (with WINDOW_COL if asked for).
 
-    `parsed` and `kept` are persisted (memory, then local disk) so every output and every sink
-    reads them once; `release` frees them.
+    `parsed` is persisted (memory, then local disk) so every output and every sink reads it
+    once, and so is `kept` unless it is `parsed` filtered by `kept_where` (SQL); `release`
+    frees them.
     """
 
     parsed: DataFrame
     kept: DataFrame
     outputs: dict[str, DataFrame]
+    kept_where: str | None = None
 
     def counts_frame(self) -> DataFrame:
-        """Two rows, `(writer, result)` as `sinks.writers.run_writers` returns them: writer
-        COUNTS, results the JSON of the rows read (`rows_in`) and invalid, and of the rows kept.
+        """Rows `(writer, result)` as `sinks.writers.run_writers` returns them: writer COUNTS,
+        results the JSON of the rows read (`rows_in`), invalid and kept (two rows, or one).
 
         A union, not a join of the two counts: a join would broadcast one side in a Spark job
-        of its own, before the window's write job."""
+        of its own, before the window's write job. Kept rows that are parsed rows filtered are
+        counted in the same aggregate (a union of two over one cache, Spark would merge into a
+        subquery run as a job of its own)."""
+        if self.kept_where is not None:
+            return self.parsed.selectExpr(
+                f"{spark_sql_string(COUNTS)} AS writer",
+                "to_json(named_struct('rows_in', count(1), 'invalid', "
+                f"count({spark_sql_name(REASON_COLUMN)}), 'kept', count_if({self.kept_where})))"
+                " AS result",
+            )
         read = self.parsed.selectExpr(
             f"{spark_sql_string(COUNTS)} AS writer",
             "to_json(named_struct('rows_in', count(1), 'invalid', "
@@ -65,7 +77,8 @@ class Computed:
         return read.unionAll(kept)
 
     def release(self) -> None:
-        self.kept.unpersist()
+        if self.kept_where is None:
+            self.kept.unpersist()
         self.parsed.unpersist()
 
 
@@ -75,7 +88,9 @@ def _parsed(
     settings: Settings,
     windows: Sequence[Window],
     lookup: SeenLookup | None,
-) -> DataFrame:
+) -> tuple[DataFrame, bool]:
+    """The windows' parsed rows, and whether the key lookup already marked every repeat
+    of a key within the window seen (then no first-occurrence sort is needed)."""
     from pyspark.sql import functions as F
 
     parse = job.parse or (lambda raw: raw)
@@ -97,8 +112,9 @@ def _parsed(
             .join(F.broadcast(positions), "__global")
             .drop("__global")
             .withColumnRenamed("__local", "_file_idx")
-        )
+        ), False
     frames = []
+    in_order = False
     for w in windows:
         if isinstance(job.parse, ArrowParse):
             # The parse (and the key lookup) run in the source's own read step, which also
@@ -106,6 +122,11 @@ def _parsed(
             # generates the same code and Spark compiles it once, not once per window.
             fn, schema = job.parse.fn, job.parse.schema
             if lookup is not None:
+                # One window read in order by one task: its first occurrences are known
+                # as the rows pass, so the lookup marks the repeats too.
+                in_order = job.parse.keeps_order and source.reads_in_order(settings, w.offsets)
+                if in_order:
+                    lookup = dataclasses.replace(lookup, in_order=True)
                 fn, schema = _chain(fn, lookup), lookup.ddl(schema)
             fn, schema = _chain(fn, _WindowId(w.window_id)), f"{schema}, {WINDOW_COL} BIGINT"
             df = source.read_mapped(spark, settings, w.offsets, fn, schema)
@@ -115,7 +136,7 @@ def _parsed(
                 df = df.mapInArrow(lookup, lookup.struct(df.schema))
             df = df.withColumn(WINDOW_COL, F.lit(w.window_id).cast("bigint"))
         frames.append(df)
-    return reduce(lambda a, b: a.unionByName(b), frames)
+    return reduce(lambda a, b: a.unionByName(b), frames), in_order
 
 
 def _chain(first: BatchFunction, then: BatchFunction) -> BatchFunction:
@@ -175,7 +196,7 @@ def compute(
         raise ConfigurationError(f"job {job.name}: nothing to compute (no windows given).")
     if lookup is not None and len(windows) != 1:
         raise ConfigurationError("the dedupe key index looks up one window at a time.")
-    parsed = _parsed(spark, job, settings, windows, lookup)
+    parsed, deduped = _parsed(spark, job, settings, windows, lookup)
     for column in (REASON_COLUMN, RAW_TEXT_COLUMN):
         if column not in parsed.columns:
             parsed = parsed.withColumn(column, F.lit(None).cast("string"))
@@ -184,17 +205,18 @@ def compute(
     # on every window: filters are combined, SEEN_COL is dropped with KEY_COL, not on its
     # own, and expressions are SQL text, parsed in the JVM in one call.
     is_valid = f"{spark_sql_name(REASON_COLUMN)} IS NULL"
-    valid = parsed.where(
-        f"{is_valid} AND NOT {spark_sql_name(SEEN_COL)}" if lookup is not None else is_valid
-    )
+    if lookup is not None:
+        is_valid = f"{is_valid} AND NOT {spark_sql_name(SEEN_COL)}"
+    valid = parsed.where(is_valid)
     invalid = parsed.where(f"{spark_sql_name(REASON_COLUMN)} IS NOT NULL")
     if job.dedupe is not None:
         keys = list(job.dedupe.key)
-        missing = [k for k in keys if k not in valid.columns]
+        missing = [k for k in keys if k not in parsed.columns]
         if missing:
             raise ConfigurationError(
                 f"job {job.name}: dedupe key {missing} is not a column of the parsed records."
             )
+    if job.dedupe is not None and not deduped:
         if seen is not None:
             valid = (
                 valid.join(seen.select(*keys, "__seen_in"), keys, "left")
@@ -209,7 +231,8 @@ def compute(
             .where("__occurrence = 1")
             .drop("__occurrence")
         )
-    kept = valid.persist(StorageLevel.MEMORY_AND_DISK)
+    # Kept rows after a sort are cached; a filter of the cached parsed rows is not worth it.
+    kept = valid if deduped else valid.persist(StorageLevel.MEMORY_AND_DISK)
     parts: dict[str, list[DataFrame]] = {}
     for window in windows:
         # One window: every kept row is its own, so no per-window literal enters the plan. The
@@ -243,4 +266,4 @@ def compute(
             f"job {job.name}: the transform gave no output named {absent}; it gave "
             f"{sorted(outputs)}. Every sink's `output` must be one of them."
         )
-    return Computed(parsed, kept, outputs)
+    return Computed(parsed, kept, outputs, kept_where=is_valid if deduped else None)

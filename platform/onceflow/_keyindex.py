@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 import psycopg
 from psycopg import sql
 
+from onceflow.errors import SourceError
 from onceflow.postgres import (
     CONNECT_TIMEOUT_S,
     connect,
@@ -122,6 +123,10 @@ class SeenLookup:
     columns: tuple[str, ...]
     retry_s: float
     staged: tuple[str, ...] = ()  # key staging tables of earlier windows not yet indexed
+    #: The partition is the whole window in source order: a key's valid repeats after its
+    #: first occurrence are marked seen too (as the compute's row_number would drop them),
+    #: keys compared as their values are, nulls equal.
+    in_order: bool = False
 
     #: The columns it adds, as DDL.
     ADDED_DDL = f"{KEY_COL} STRING, {SEEN_COL} BOOLEAN"
@@ -131,6 +136,7 @@ class SeenLookup:
         import pyarrow.compute as pc
 
         asking: deque[tuple[pa.RecordBatch, pa.Array, Future[set[str]]]] = deque()
+        repeats = _Repeats(self.columns) if self.in_order else None
         with _Asker(self) as asker:
             for batch in batches:
                 keys = key_strings(batch, self.columns)
@@ -140,18 +146,24 @@ class SeenLookup:
                     )
                 asking.append((batch, keys, asker.ask(pc.unique(keys).drop_null())))
                 while len(asking) > 1:
-                    yield self._marked(*asking.popleft())
+                    yield self._marked(*asking.popleft(), repeats)
             while asking:
-                yield self._marked(*asking.popleft())
+                yield self._marked(*asking.popleft(), repeats)
 
     def _marked(
-        self, batch: pa.RecordBatch, keys: pa.Array, answer: Future[set[str]]
+        self,
+        batch: pa.RecordBatch,
+        keys: pa.Array,
+        answer: Future[set[str]],
+        repeats: _Repeats | None,
     ) -> pa.RecordBatch:
         import pyarrow as pa
         import pyarrow.compute as pc
 
         seen = pa.array(list(answer.result()), pa.string())
         flags = pc.fill_null(pc.is_in(keys, value_set=seen), False)
+        if repeats is not None:
+            flags = repeats.mark(batch, flags)
         return pa.RecordBatch.from_arrays(
             [*batch.columns, keys, flags],
             schema=batch.schema.append(pa.field(KEY_COL, pa.string())).append(
@@ -198,6 +210,85 @@ class SeenLookup:
                 StructField(SEEN_COL, BooleanType()),
             ]
         )
+
+
+class _Repeats:
+    """The keys of the valid rows a partition kept so far, to mark later occurrences seen.
+
+    Keys are compared as the compute's `row_number() OVER (PARTITION BY key …)` compares them:
+    by value, a null equal to a null (one key column: the value as text, nulls kept; several:
+    a JSON array of them as text, nulls as JSON null)."""
+
+    def __init__(self, columns: Sequence[str]) -> None:
+        self.columns = list(columns)
+        self.kept: list[pa.Array] = []
+        self.last = -1  # the position of the partition's last row so far
+
+    def _check_order(self, batch: pa.RecordBatch) -> None:
+        """Rows must come in source order (`_file_idx`, `_source_line`), or a later occurrence
+        could pass for the first."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        if not batch.num_rows:
+            return
+        position = pc.add(
+            pc.multiply(pc.cast(batch.column("_file_idx"), pa.int64()), 1 << 32),
+            pc.cast(batch.column("_source_line"), pa.int64()),
+        )
+        steps = pc.pairwise_diff(position)
+        if pc.any(pc.less(steps, 0)).as_py() or position[0].as_py() < self.last:
+            raise SourceError(
+                "the parse yields rows out of source order though its ArrowParse says "
+                "keeps_order=True; fix the parse, or leave keeps_order False."
+            )
+        self.last = position[-1].as_py()
+
+    def _keys(self, batch: pa.RecordBatch) -> pa.Array:
+        import json
+
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        def text(column: str) -> pa.Array:
+            values = batch.column(column)
+            if pa.types.is_floating(values.type):
+                # As Spark partitions: -0.0 is 0.0 (and every NaN prints alike).
+                values = pc.if_else(pc.equal(values, 0), pa.scalar(0, values.type), values)
+            return pc.cast(values, pa.string())
+
+        if len(self.columns) == 1:
+            return text(self.columns[0])
+        parts = [text(c).to_pylist() for c in self.columns]
+        return pa.array([json.dumps(list(row)) for row in zip(*parts, strict=True)], pa.string())
+
+    def mark(self, batch: pa.RecordBatch, seen: pa.Array) -> pa.Array:
+        """`seen` (no nulls) also set on the valid rows whose key an earlier valid, unseen row of
+        the partition had; those earlier rows' keys are remembered."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        self._check_order(batch)
+        candidate = pc.invert(seen)
+        if REASON_COLUMN in batch.schema.names:
+            candidate = pc.and_(candidate, pc.is_null(batch.column(REASON_COLUMN)))
+        rows = pc.indices_nonzero(candidate)
+        if not len(rows):
+            return seen
+        keys = self._keys(batch).take(rows)
+        earlier = pa.concat_arrays(self.kept) if self.kept else pa.array([], pa.string())
+        before = pc.is_in(keys, value_set=earlier, skip_nulls=False)
+        # The first row of each key in this batch (group_by puts the nulls in one group).
+        firsts = (
+            pa.table({"key": keys, "row": rows})
+            .group_by("key", use_threads=False)
+            .aggregate([("row", "min")])
+        )
+        first = pc.is_in(rows, value_set=firsts.column("row_min"))
+        self.kept.append(pc.unique(keys.filter(pc.invert(before))))
+        repeat = pc.or_(before, pc.invert(first))
+        marks = pc.replace_with_mask(pa.repeat(False, batch.num_rows), candidate, repeat)
+        return pc.or_(seen, marks)
 
 
 class _Asker:

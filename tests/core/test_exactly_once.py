@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from pathlib import Path
 from typing import Any
@@ -286,3 +287,29 @@ def test_each_window_is_read_counted_and_written_by_one_spark_job(
     assert len(jobs) == 4, sorted(jobs)
     assert all(w.stats["rows_in"] > w.stats["kept"] > 0 for w in result.windows), result.windows
     assert_exact(expected_outputs(landing), actual_outputs(pg_dsn, lake))
+
+
+@pytest.mark.parametrize("keeps_order", [True, False])
+def test_repeats_within_a_window_are_dropped_alike_with_or_without_the_sort(
+    spark: Any, pg_dsn: str, lake: Path, landing: Path, tmp_path: Path, keeps_order: bool
+) -> None:
+    # A parse that keeps line order lets the key lookup drop a window's repeats as the rows
+    # pass; one that does not leaves them to a row_number() over the key. Same rows either way.
+    generate_payments(landing, records=2_000, files=4, duplicate_rate=0.2, invalid_rate=0.05)
+    assert PAYMENTS.parse is not None
+    job = dataclasses.replace(
+        PAYMENTS, parse=dataclasses.replace(PAYMENTS.parse, keeps_order=keeps_order)
+    )
+    settings = Settings(home=tmp_path / "home", postgres_dsn=pg_dsn, lake=lake, landing=landing)
+    engine = build_engine(job, settings, spark, pg_dsn)
+    result = engine.run(max_units_per_window=2)
+    assert len(result.windows) == 2
+    assert_exact(expected_outputs(landing), actual_outputs(pg_dsn, lake))
+    out = engine.outputs(engine.ledger.windows()[-1])
+    try:
+        assert out.computed is not None
+        plan = out.computed.kept._jdf.queryExecution().analyzed().toString()
+        assert ("row_number" in plan) is not keeps_order
+        assert (out.computed.kept_where is None) is not keeps_order
+    finally:
+        out.release()

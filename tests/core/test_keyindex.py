@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pyarrow as pa
+import pytest
 from deltalake import DeltaTable
 from psycopg import sql
 
 from onceflow._keyindex import KEY_COL, SEEN_COL, KeyIndex, key_strings, text_array
 from onceflow.engine import build_engine
+from onceflow.errors import SourceError
 from onceflow.generate import generate_payments
 from onceflow.jobs.payments import PAYMENTS
 from onceflow.ledger import Ledger
@@ -259,3 +262,80 @@ def test_a_partition_is_looked_up_batch_by_batch_one_batch_ahead(pg_dsn: str) ->
     assert len(marked) == 125
     for key, reason, seen in marked:
         assert seen == (reason is None and int(key[1:]) % 3 == 0), (key, reason)
+
+
+def _in_order_marks(
+    index: KeyIndex, columns: tuple[str, ...], batches: list[dict[str, list[Any]]]
+) -> list[bool]:
+    lookup = dataclasses.replace(index.lookup(columns, 2), in_order=True)
+    marked: list[bool] = []
+    for batch in lookup(pa.RecordBatch.from_pydict(b) for b in batches):
+        marked += batch.column(SEEN_COL).to_pylist()
+    return marked
+
+
+def _first_occurrences(
+    rows: list[tuple[Any, ...]], reasons: list[str | None], indexed: set[Any]
+) -> list[bool]:
+    """The oracle: a valid row is seen if the index had its key or an earlier valid row had
+    it (keys compared as values, None equal to None); invalid rows never are."""
+    kept: set[Any] = set()
+    seen = []
+    for row, reason in zip(rows, reasons, strict=True):
+        if reason is not None:
+            seen.append(False)
+        elif row in indexed or row in kept:
+            seen.append(True)
+        else:
+            kept.add(row)
+            seen.append(False)
+    return seen
+
+
+def test_an_in_order_lookup_also_marks_repeats_within_the_window(pg_dsn: str) -> None:
+    index = new_index(pg_dsn, "payments")
+    with psycopg.connect(pg_dsn) as conn:
+        conn.execute(
+            "INSERT INTO onceflow.dedupe_keys (job, key, window_id) VALUES ('payments', 'k3', 1)"
+        )
+    keys = ["k1", "k2", "k1", None, "k3", None, "k2", "k4", "k1", "k4", "k5", "k5", "k6", None]
+    reasons = [None, "bad", None, None, None, None, None, "bad", None, None, None, None, "x", None]
+    lines = list(range(1, len(keys) + 1))
+    batches = [
+        {"_file_idx": [0] * 5, "_source_line": lines[:5], "payment_id": keys[:5], "_reason": reasons[:5]},
+        {"_file_idx": [0] * 4, "_source_line": lines[5:9], "payment_id": keys[5:9], "_reason": reasons[5:9]},
+        {"_file_idx": [1] * 5, "_source_line": lines[9:], "payment_id": keys[9:], "_reason": reasons[9:]},
+    ]  # fmt: skip
+    marked = _in_order_marks(index, ("payment_id",), batches)
+    assert marked == _first_occurrences([(k,) for k in keys], reasons, {("k3",)})
+    # k2's first occurrence is invalid: its second is the first valid one, and is kept.
+    assert marked[6] is False
+
+
+def test_an_in_order_lookup_compares_several_key_columns_nulls_alike(pg_dsn: str) -> None:
+    index = new_index(pg_dsn, "pairs")
+    a = ["x", "x", None, None, "x", "y", None, "x"]
+    b = [1, 1, 1, 1, None, 1, None, None]
+    rows = list(zip(a, b, strict=True))
+    batch = {"_file_idx": [0] * 8, "_source_line": list(range(1, 9)), "a": a, "b": b}
+    marked = _in_order_marks(index, ("a", "b"), [batch])
+    assert marked == _first_occurrences(rows, [None] * 8, set())
+    assert marked == [False, True, False, True, False, False, False, True]
+
+
+def test_an_in_order_lookup_fails_on_rows_out_of_order(pg_dsn: str) -> None:
+    index = new_index(pg_dsn, "payments")
+    batches = [
+        {"_file_idx": [1, 1], "_source_line": [1, 2], "payment_id": ["a", "b"]},
+        {"_file_idx": [0], "_source_line": [9], "payment_id": ["a"]},
+    ]
+    with pytest.raises(SourceError, match="out of source order"):
+        _in_order_marks(index, ("payment_id",), batches)
+
+
+def test_an_in_order_lookup_compares_floating_keys_as_spark_does(pg_dsn: str) -> None:
+    index = new_index(pg_dsn, "floats")
+    values = [-0.0, 0.0, float("nan"), float("nan"), None, None, 2.5]
+    batch = {"_file_idx": [0] * 7, "_source_line": list(range(1, 8)), "v": values}
+    marked = _in_order_marks(index, ("v",), [batch])
+    assert marked == [False, True, False, True, False, True, False]

@@ -140,7 +140,7 @@ _ARROW_SCHEMA = _arrow_schema()
 
 # Raw lines → one row per non-blank line: the payment's fields, or `_reason` if invalid. Run
 # batch by batch in the landing source's own read step.
-parse_payments = ArrowParse(_parse_batches, PARSED_SCHEMA)
+parse_payments = ArrowParse(_parse_batches, PARSED_SCHEMA, keeps_order=True)
 
 
 def transform_payments(valid: DataFrame, ctx: WindowContext) -> Mapping[str, DataFrame]:

@@ -51,10 +51,14 @@ class ArrowParse:
     Attributes:
         fn: The function, as `DataFrame.mapInArrow` takes it.
         schema: Its output schema, as a DDL string.
+        keeps_order: `fn` yields its rows in the order of the lines they come from (and keeps
+            `_file_idx` and `_source_line`). A window read in order in one partition is then
+            deduplicated on the way, with no sort; a row out of order fails the window.
     """
 
     fn: BatchFunction
     schema: str
+    keeps_order: bool = False
 
     def __call__(self, raw: DataFrame) -> DataFrame:
         return raw.mapInArrow(self.fn, self.schema)
@@ -146,6 +150,13 @@ class Source(ABC):
             SourceError: When the input is no longer what was planned.
         """
         return self.read(spark, settings, offsets).mapInArrow(fn, schema)
+
+    def reads_in_order(self, settings: Settings, offsets: Mapping[str, Any]) -> bool:
+        """Whether `read_mapped` passes the window's records to `fn` in one partition, in source
+        order (`_file_idx`, then `_source_line`): the key lookup then finds a key's repeats
+        within the window on the way, and the compute sorts nothing. False unless the source
+        knows it."""
+        return False
 
     def read_many(
         self, spark: SparkSession, settings: Settings, offsets: Sequence[Mapping[str, Any]]

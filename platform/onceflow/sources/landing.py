@@ -164,6 +164,14 @@ class LandingSource(LandingFiles):
         _check_planned(self.check_available(settings, offsets))
         return _read_whole(spark, settings.landing, files, then=fn, schema=schema)
 
+    def reads_in_order(self, settings: Settings, offsets: Mapping[str, Any]) -> bool:
+        files = list(offsets.get("files", []))
+        return (
+            bool(files)
+            and all(_readable_whole(settings.landing / f) for f in files)
+            and _one_task(settings.landing, files)
+        )
+
     def read_files(self, spark: SparkSession, root: Location, files: list[str]) -> DataFrame:
         if files and all(_readable_whole(root / f) for f in files):
             return _read_whole(spark, root, files)
@@ -191,6 +199,10 @@ def _readable_whole(path: Location) -> bool:
         return path.size() < WHOLE_READ_MAX_BYTES
     except OSError:
         return False
+
+
+def _one_task(root: Location, files: list[str]) -> bool:
+    return sum((root / rel).size() for rel in files) <= ONE_TASK_MAX_BYTES
 
 
 def _check_planned(problems: list[str]) -> None:
@@ -231,10 +243,9 @@ def _read_whole(
         assert then is not None
         return then(split(batches))
 
-    # A small window is read, parsed and deduplicated by one task: no shuffle to find first
-    # occurrences, and one file per output.
-    small = sum((root / rel).size() for rel in files) <= ONE_TASK_MAX_BYTES
-    tasks = 1 if small else max(1, min(len(files), MAX_READ_TASKS))
+    # A small window is read, parsed and deduplicated by one task, in file and line order: no
+    # shuffle or sort to find first occurrences, and one file per output.
+    tasks = 1 if _one_task(root, files) else max(1, min(len(files), MAX_READ_TASKS))
     positions = spark.range(0, len(files), 1, tasks)
     if then is None:
         return positions.mapInArrow(split, RAW_SCHEMA)
