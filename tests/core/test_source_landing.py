@@ -73,26 +73,27 @@ def test_every_line_of_every_file_once_at_its_position_whatever_the_names(
     # In file order, then line order: the one task of a small window reads them so.
     assert rows == expected_rows(lines)
     assert partitions == 1
+    offsets = SOURCE.offsets(settings, SOURCE.discover(settings, None))
+    assert SOURCE.reads_in_order(settings, offsets)
 
 
-def test_a_large_window_is_read_a_file_a_task_and_gives_the_same_lines(
-    spark, settings: Settings, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    "limit",
+    [
+        "ONE_TASK_MAX_BYTES",  # a large window: read whole, a file a task
+        "WHOLE_READ_MAX_BYTES",  # large files: read line by line, a file a task
+    ],
+)
+def test_a_window_read_by_several_tasks_gives_the_same_lines_not_in_order(
+    spark, settings: Settings, monkeypatch: pytest.MonkeyPatch, limit: str
 ) -> None:
     lines = put_files(settings)
-    monkeypatch.setattr(landing_module, "ONE_TASK_MAX_BYTES", 10)
+    monkeypatch.setattr(landing_module, limit, 100)
     rows, partitions = read_rows(spark, settings)
     assert sorted(rows) == expected_rows(lines)
     assert partitions == len(NAMES)
-
-
-def test_files_too_large_to_read_whole_are_read_line_by_line_alike(
-    spark, settings: Settings, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    lines = put_files(settings)
-    monkeypatch.setattr(landing_module, "WHOLE_READ_MAX_BYTES", 100)
-    rows, partitions = read_rows(spark, settings)
-    assert sorted(rows) == expected_rows(lines)
-    assert partitions == len(NAMES)  # the line reader: one partition per file
+    offsets = SOURCE.offsets(settings, SOURCE.discover(settings, None))
+    assert not SOURCE.reads_in_order(settings, offsets)
 
 
 def test_a_planned_file_gone_before_the_read_is_a_source_error(spark, settings: Settings) -> None:
