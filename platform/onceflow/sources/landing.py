@@ -159,22 +159,20 @@ class LandingSource(LandingFiles):
         schema: str,
     ) -> DataFrame:
         files = list(offsets.get("files", []))
-        if not files or not all(_readable_whole(settings.landing / f) for f in files):
+        sizes = _sizes(settings.landing, offsets)
+        if not files or max(sizes) >= WHOLE_READ_MAX_BYTES:
             return super().read_mapped(spark, settings, offsets, fn, schema)
         _check_planned(self.check_available(settings, offsets))
-        return _read_whole(spark, settings.landing, files, then=fn, schema=schema)
+        return _read_whole(spark, settings.landing, files, sizes, then=fn, schema=schema)
 
     def reads_in_order(self, settings: Settings, offsets: Mapping[str, Any]) -> bool:
-        files = list(offsets.get("files", []))
-        return (
-            bool(files)
-            and all(_readable_whole(settings.landing / f) for f in files)
-            and _one_task(settings.landing, files)
-        )
+        sizes = _sizes(settings.landing, offsets)
+        return bool(sizes) and _whole_in_one_task(sizes)
 
     def read_files(self, spark: SparkSession, root: Location, files: list[str]) -> DataFrame:
-        if files and all(_readable_whole(root / f) for f in files):
-            return _read_whole(spark, root, files)
+        sizes = [_size(root / f) for f in files]
+        if files and max(sizes) < WHOLE_READ_MAX_BYTES:
+            return _read_whole(spark, root, files, sizes)
         # Registered on every read: a Spark Connect session can change under us.
         spark.dataSource.register(_LinesDataSource)
         return (
@@ -194,15 +192,28 @@ ONE_TASK_MAX_BYTES = 16 << 20
 MAX_READ_TASKS = 64
 
 
-def _readable_whole(path: Location) -> bool:
+def _size(path: Location) -> int:
+    """The file's size; past every limit if it cannot be read (the line reader then reports
+    why)."""
     try:
-        return path.size() < WHOLE_READ_MAX_BYTES
+        return path.size()
     except OSError:
-        return False
+        return WHOLE_READ_MAX_BYTES
 
 
-def _one_task(root: Location, files: list[str]) -> bool:
-    return sum((root / rel).size() for rel in files) <= ONE_TASK_MAX_BYTES
+def _sizes(root: Location, offsets: Mapping[str, Any]) -> list[int]:
+    """The window's file sizes as planned (checked against the files before they are read),
+    or as they are for offsets planned without them."""
+    files = list(offsets.get("files", []))
+    sizes = list(offsets.get("sizes", []))
+    if len(sizes) == len(files):
+        return [int(size) for size in sizes]
+    return [_size(root / f) for f in files]
+
+
+def _whole_in_one_task(sizes: list[int]) -> bool:
+    """Files read whole, by one task: in file and line order."""
+    return max(sizes) < WHOLE_READ_MAX_BYTES and sum(sizes) <= ONE_TASK_MAX_BYTES
 
 
 def _check_planned(problems: list[str]) -> None:
@@ -218,6 +229,7 @@ def _read_whole(
     spark: SparkSession,
     root: Location,
     files: list[str],
+    sizes: list[int],
     *,
     then: BatchFunction | None = None,
     schema: str = "",
@@ -245,7 +257,7 @@ def _read_whole(
 
     # A small window is read, parsed and deduplicated by one task, in file and line order: no
     # shuffle or sort to find first occurrences, and one file per output.
-    tasks = 1 if _one_task(root, files) else max(1, min(len(files), MAX_READ_TASKS))
+    tasks = 1 if _whole_in_one_task(sizes) else max(1, min(len(files), MAX_READ_TASKS))
     positions = spark.range(0, len(files), 1, tasks)
     if then is None:
         return positions.mapInArrow(split, RAW_SCHEMA)
