@@ -100,6 +100,9 @@ def build_failure_sensor(
             newest = max(newest, updated) if newest else updated
             if run.run_id in seen:
                 continue
+            if run.tags.get(KIND_TAG) == "recovery":
+                seen.add(run.run_id)  # never recovered, retried or not: no verdict to wait for
+                continue
             if (
                 context.instance.run_retries_enabled
                 and WILL_RETRY_TAG not in run.tags
@@ -108,7 +111,7 @@ def build_failure_sensor(
                 undecided[run.run_id] = updated
                 continue
             seen.add(run.run_id)
-            if run.tags.get(WILL_RETRY_TAG) == "true" or run.tags.get(KIND_TAG) == "recovery":
+            if run.tags.get(WILL_RETRY_TAG) == "true":
                 continue
             requests.append(
                 RunRequest(

@@ -92,6 +92,16 @@ def test_failure_sensor_waits_for_dagsters_retry_verdict(monkeypatch) -> None:
         requests, cursor = _tick(sensor, instance, cursor)
         assert [r.run_key for r in requests] == [dropped]
         assert _tick(sensor, instance, cursor)[0] == []
+        # A recovery run's failure is never recovered, so it waits for no verdict: the cursor
+        # moves past it at once.
+        recovery = instance.create_run_for_job(
+            _failing,
+            status=DagsterRunStatus.FAILURE,
+            tags={**tags, "onceflow/kind": "recovery"},
+        ).run_id
+        requests, cursor = _tick(sensor, instance, cursor)
+        assert requests == []
+        assert recovery in failure._load(cursor)[1]
         # A verdict that never comes (an instance whose daemon is down) does not hold it forever.
         stuck = failed_untagged()
         assert _tick(sensor, instance, cursor)[0] == []
