@@ -13,7 +13,10 @@ the two sides alternating:
   `onceflow.postgres.Sessions`, or on a kept one;
 - an accumulating sink's window contribution (10,000 staged rows of about 8,000 keys) recorded
   by onceflow's `_save_contribution`, one row a window, or as versions before kept it, a row
-  per key.
+  per key;
+- an accumulating sink's whole window as the commit applies it (the sums added into a
+  50,000-row table and the window's contribution recorded): by one statement grouping the
+  staged rows once (`_accumulate(…, record=…)`), or by two that group them each.
 """
 
 from __future__ import annotations
@@ -233,6 +236,60 @@ def contributions(dsn: str, rounds: int) -> dict[str, list[float]]:
         work.close()
 
 
+def accumulate_and_record(dsn: str, rounds: int) -> dict[str, list[float]]:
+    from onceflow.jobs.payments import PAYMENTS
+    from onceflow.sinks.postgres import commit
+    from onceflow.sinks.postgres.group import _create_table
+
+    balances = PAYMENTS.sink("pg_merchant_balances")
+    twins = {t: dataclasses.replace(balances, name=t, table=t) for t in ("acc_one", "acc_two")}
+    staging = sql.Identifier("public", "acc_stage")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(commit.PROTOCOL_DDL)
+        for table, spec in twins.items():
+            _create_table(conn, spec)
+            conn.execute(
+                sql.SQL(
+                    "INSERT INTO {} SELECT 'm' || g, 'EUR', 100, 1 FROM generate_series(1, 50000) g"
+                ).format(sql.Identifier(table))
+            )
+            conn.execute(sql.SQL("VACUUM ANALYZE {}").format(sql.Identifier(table)))
+        conn.execute(
+            "CREATE UNLOGGED TABLE acc_stage (merchant_id text, currency text,"
+            " total_cents numeric, payment_count numeric)"
+        )
+        conn.execute(
+            "INSERT INTO acc_stage SELECT 'm' || (random() * 50000)::int, 'EUR',"
+            " (random() * 1e5)::bigint, 1 FROM generate_series(1, 10000)"
+        )
+    work = psycopg.connect(dsn)
+    window = [0]
+
+    def apply(one_statement: bool) -> Callable[[], float]:
+        def run() -> None:
+            window[0] += 1
+            if one_statement:
+                spec = twins["acc_one"]
+                commit._forget_contribution(work, spec, "bench", window[0])
+                commit._accumulate(
+                    work, spec, commit._summed(spec, staging), record=("bench", window[0])
+                )
+            else:
+                spec = twins["acc_two"]
+                commit._save_contribution(work, spec, staging, "bench", window[0])
+                commit._accumulate(work, spec, commit._summed(spec, staging))
+            work.commit()
+
+        return lambda: _timed(run)
+
+    try:
+        return _alternate(
+            rounds, {"one statement, grouped once": apply(True), "two statements": apply(False)}
+        )
+    finally:
+        work.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeat", type=int, default=8)
@@ -248,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
             ("upsert 19,000 new random keys into 400,000 rows", upsert_order),
             ("one ledger read (per read, session included)", sessions),
             ("record a window's contribution (10,000 staged rows)", contributions),
+            ("accumulate and record a window (10,000 staged rows)", accumulate_and_record),
         ):
             print(title)
             for name, samples in bench(dsn, args.repeat).items():

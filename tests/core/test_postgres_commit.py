@@ -80,8 +80,10 @@ def _stage(conn: psycopg.Connection, rows: list[tuple[str, str, int, int]]) -> N
             copy.write_row(row)
 
 
-def _read(conn: psycopg.Connection, window_id: int) -> list[tuple[object, ...]]:
-    relation = _contribution(BALANCES, "j", window_id)
+def _read(
+    conn: psycopg.Connection, window_id: int, sink: str = BALANCES.name
+) -> list[tuple[object, ...]]:
+    relation = _contribution(dataclasses.replace(BALANCES, name=sink), "j", window_id)
     return conn.execute(sql.SQL("SELECT * FROM {} AS c ORDER BY 1, 2").format(relation)).fetchall()
 
 
@@ -229,19 +231,34 @@ def test_accumulating_gives_the_same_table_with_or_without_a_unique_key(pg_dsn: 
     ]
     outcomes: dict[str, list[tuple[int, int]]] = {}
     tables: dict[str, list[tuple[object, ...]]] = {}
+    recorded: dict[str, list[list[tuple[object, ...]]]] = {}
     with psycopg.connect(pg_dsn) as conn:
         conn.execute(PROTOCOL_DDL)
         for extra in (", PRIMARY KEY (merchant_id, currency)", ""):
             spec = _balances_table(conn, "acc_target", extra)
             results = []
-            for rows in windows:
+            for window_id, rows in enumerate(windows):
                 _stage(conn, rows)
-                results.append(_accumulate(conn, spec, _summed(spec, STAGING)))
+                # Each window's contribution is recorded by the same pass (once: the window
+                # past the column's range takes the second path after the first rolled back).
+                results.append(
+                    _accumulate(conn, spec, _summed(spec, STAGING), record=("j", window_id))
+                )
             outcomes[extra] = results
             tables[extra] = conn.execute("SELECT * FROM acc_target ORDER BY 1, 2").fetchall()
+            recorded[extra] = [_read(conn, w, spec.name) for w in range(len(windows))]
+            conn.execute("DELETE FROM onceflow.window_contributions")
         conn.rollback()
     with_key, without = outcomes.values()
     # (rows written, the table's net change in rows), window by window.
     assert with_key == without == [(2, 2), (2, 0), (3, -1), (1, 1), (1, 0)]
     expected = [("m4", "EUR", 9, 1), ("m5", "EUR", 9 * 10**18, 3)]
     assert tables[", PRIMARY KEY (merchant_id, currency)"] == tables[""] == expected
+    sums = [
+        [("m1", "EUR", 12, 2), ("m2", "USD", -3, 1)],
+        [("m1", "EUR", 2, 1), ("m3", "GBP", 0, 0)],
+        [("m1", "EUR", -14, -3), ("m2", "USD", 3, -1), ("m4", "EUR", 9, 1)],
+        [("m5", "EUR", -(9 * 10**18), 1)],
+        [("m5", "EUR", 18 * 10**18, 2)],
+    ]
+    assert recorded[", PRIMARY KEY (merchant_id, currency)"] == recorded[""] == sums

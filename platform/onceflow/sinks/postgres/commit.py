@@ -375,26 +375,29 @@ class Transaction:
     def _create_staging(
         self, specs: Sequence[PostgresSink], names: dict[str, str], app: str, window_id: int
     ) -> None:
+        statements: list[sql.Composable] = []
+        for spec in specs:
+            staging = sql.Identifier("onceflow", names[spec.name])
+            columns = [
+                sql.SQL("{} {}").format(
+                    sql.Identifier(col),
+                    # Accumulated deltas are summed exactly; the cast back to the column's type
+                    # happens on the final value, so a window cannot overflow halfway.
+                    sql.SQL("numeric") if col in spec.accumulate else sql.SQL(pg_type),
+                )
+                for col, pg_type in spec.columns.items()
+            ]
+            statements.append(sql.SQL("DROP TABLE IF EXISTS {}").format(staging))
+            statements.append(
+                sql.SQL("CREATE UNLOGGED TABLE {} ({})").format(
+                    staging, sql.SQL(", ").join(columns)
+                )
+            )
+
         def create() -> None:  # done again, whole, after a lost connection
             with connect(self._dsn, application_name=app) as conn:
-                for spec in specs:
-                    staging = sql.Identifier("onceflow", names[spec.name])
-                    columns = [
-                        sql.SQL("{} {}").format(
-                            sql.Identifier(col),
-                            # Accumulated deltas are summed exactly; the cast back to the
-                            # column's type happens on the final value, so a window cannot
-                            # overflow halfway.
-                            sql.SQL("numeric") if col in spec.accumulate else sql.SQL(pg_type),
-                        )
-                        for col, pg_type in spec.columns.items()
-                    ]
-                    conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(staging))
-                    conn.execute(
-                        sql.SQL("CREATE UNLOGGED TABLE {} ({})").format(
-                            staging, sql.SQL(", ").join(columns)
-                        )
-                    )
+                # No parameters: the statements go as one query, in one round trip.
+                conn.execute(sql.SQL("; ").join(statements))
                 conn.commit()
 
         sinks = ", ".join(s.name for s in specs)
@@ -421,10 +424,16 @@ class Transaction:
         return Staged(spec, writer.table, rows)
 
     def drop(self, staged: Sequence[Staged]) -> None:
+        if not staged:
+            return
         try:
+            # One statement: one transaction (one WAL flush) for all of a window's tables.
             with connect(self._dsn, autocommit=True) as conn:
-                for item in staged:
-                    conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(item.ident))
+                conn.execute(
+                    sql.SQL("DROP TABLE IF EXISTS {}").format(
+                        sql.SQL(", ").join(item.ident for item in staged)
+                    )
+                )
         except Exception:  # staging litter is harmless; the next run drops it
             _log.debug("could not drop staging tables", exc_info=True)
 
@@ -632,8 +641,8 @@ def _apply(
 ) -> tuple[int, int]:
     """Move the staged rows into the sink's table; return the rows written and added."""
     if spec.mode == "accumulate":
-        _save_contribution(conn, spec, staging, job, window_id)
-        return _accumulate(conn, spec, _summed(spec, staging))
+        _forget_contribution(conn, spec, job, window_id)
+        return _accumulate(conn, spec, _summed(spec, staging), record=(job, window_id))
     cols = list(spec.columns)
     col_list = sql.SQL(", ").join(sql.Identifier(c) for c in cols)
     target = _target(spec)
@@ -729,9 +738,16 @@ def _summed(spec: PostgresSink, rows: sql.Composable) -> sql.Composable:
 
 
 def _accumulate(
-    conn: psycopg.Connection, spec: PostgresSink, delta: sql.Composable
+    conn: psycopg.Connection,
+    spec: PostgresSink,
+    delta: sql.Composable,
+    *,
+    record: tuple[str, int] | None = None,
 ) -> tuple[int, int]:
     """Add `delta` (one row per key, numeric amounts) into the table; drop rows back at zero.
+
+    `record`: the (job, window id) whose contribution `delta` is, recorded in the same pass
+    (the window's earlier record forgotten first, by the caller).
 
     Returns the rows written and the rows the table gained (inserted minus deleted)."""
     if _key_is_unique(conn, spec):
@@ -739,12 +755,14 @@ def _accumulate(
         # of both signs): the upsert cannot add it in numeric, the two statements below can.
         conn.execute("SAVEPOINT onceflow_accumulate")
         try:
-            done = _accumulate_upsert(conn, spec, delta)
+            done = _accumulate_upsert(conn, spec, delta, record)
         except psycopg.errors.NumericValueOutOfRange:
             conn.execute("ROLLBACK TO SAVEPOINT onceflow_accumulate")
         else:
             conn.execute("RELEASE SAVEPOINT onceflow_accumulate")
             return done
+    if record is not None:
+        conn.execute(_record_contribution(spec, *record, delta))
     target = _target(spec)
     sets = [
         sql.SQL("{} = (t.{}::numeric + s.{})::{}").format(
@@ -821,10 +839,15 @@ def _key_is_unique(conn: psycopg.Connection, spec: PostgresSink) -> bool:
 
 
 def _accumulate_upsert(
-    conn: psycopg.Connection, spec: PostgresSink, delta: sql.Composable
+    conn: psycopg.Connection,
+    spec: PostgresSink,
+    delta: sql.Composable,
+    record: tuple[str, int] | None = None,
 ) -> tuple[int, int]:
     """`_accumulate` in one pass over the key's unique index: one `INSERT … ON CONFLICT DO
-    UPDATE` instead of a temporary table, an update and an insert of the keys not there.
+    UPDATE` instead of a temporary table, an update and an insert of the keys not there; with
+    `record`, the contribution is inserted by the same statement, from the same sums (the
+    staged rows are grouped once).
 
     The window's sum enters as the column's type (the proposed row) before it is added, so a
     sum past the column's range fails here (NumericValueOutOfRange) even where the total would
@@ -845,18 +868,26 @@ def _accumulate_upsert(
     zero = sql.SQL(" AND ").join(
         sql.SQL("{} = 0").format(sql.Identifier(c)) for c in spec.accumulate
     )
+    # A data-modifying CTE runs whether or not the query reads it.
+    recorded = (
+        sql.SQL(", c AS ({})").format(_record_contribution(spec, *record, sql.SQL("s")))
+        if record is not None
+        else sql.SQL("")
+    )
     row = conn.execute(
         sql.SQL(
-            "WITH w AS (INSERT INTO {} AS t ({}) SELECT {} FROM {} AS s ORDER BY {}"
+            "WITH s AS MATERIALIZED {}{},"
+            " w AS (INSERT INTO {} AS t ({}) SELECT {} FROM s ORDER BY {}"
             " ON CONFLICT ({}) DO UPDATE SET {}"
             " RETURNING (xmax = 0) AS inserted, ({}) AS emptied)"
             " SELECT count(*), count(*) FILTER (WHERE inserted),"
             " count(*) FILTER (WHERE emptied) FROM w"
         ).format(
+            delta,
+            recorded,
             target,
             sql.SQL(", ").join(sql.Identifier(c) for c in spec.columns),
             _cast_columns(spec),
-            delta,
             sql.SQL(", ").join(sql.SQL("s.{}").format(sql.Identifier(k)) for k in spec.key),
             keys,
             sql.SQL(", ").join(sets),
@@ -946,29 +977,35 @@ def _save_contribution(
     A window that adds nothing records no row (`has_contribution` then reads its marker)."""
     _forget_contribution(conn, spec, job, window_id)
     keys = sql.SQL(", ").join(sql.Identifier(k) for k in spec.key)
-    conn.execute(
-        sql.SQL(
-            "INSERT INTO onceflow.window_contributions (job, sink, window_id, keys, amounts)"
-            " SELECT {}, {}, {}, ARRAY[{}], ARRAY[{}]"
-            " FROM (SELECT {}, {} FROM {} AS r GROUP BY {}) AS g HAVING count(*) > 0"
-        ).format(
-            sql.Literal(job),
-            sql.Literal(spec.name),
-            sql.Literal(window_id),
-            sql.SQL(", ").join(
-                sql.SQL("array_agg({})").format(_key_text(spec, k)) for k in spec.key
-            ),
-            sql.SQL(", ").join(
-                sql.SQL("array_agg({})").format(sql.Identifier(a)) for a in spec.accumulate
-            ),
-            keys,
-            sql.SQL(", ").join(
-                sql.SQL("sum({}::numeric) AS {}").format(sql.Identifier(a), sql.Identifier(a))
-                for a in spec.accumulate
-            ),
-            staging,
-            keys,
-        )
+    grouped = sql.SQL("(SELECT {}, {} FROM {} AS r GROUP BY {})").format(
+        keys,
+        sql.SQL(", ").join(
+            sql.SQL("sum({}::numeric) AS {}").format(sql.Identifier(a), sql.Identifier(a))
+            for a in spec.accumulate
+        ),
+        staging,
+        keys,
+    )
+    conn.execute(_record_contribution(spec, job, window_id, grouped))
+
+
+def _record_contribution(
+    spec: PostgresSink, job: str, window_id: int, sums: sql.Composable
+) -> sql.Composable:
+    """The insert of a window's contribution row from `sums` (a relation with one row per key:
+    the key columns and the accumulated columns summed as numeric)."""
+    return sql.SQL(
+        "INSERT INTO onceflow.window_contributions (job, sink, window_id, keys, amounts)"
+        " SELECT {}, {}, {}, ARRAY[{}], ARRAY[{}] FROM {} AS g HAVING count(*) > 0"
+    ).format(
+        sql.Literal(job),
+        sql.Literal(spec.name),
+        sql.Literal(window_id),
+        sql.SQL(", ").join(sql.SQL("array_agg({})").format(_key_text(spec, k)) for k in spec.key),
+        sql.SQL(", ").join(
+            sql.SQL("array_agg({})").format(sql.Identifier(a)) for a in spec.accumulate
+        ),
+        sums,
     )
 
 
