@@ -30,6 +30,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -56,29 +57,41 @@ def _timed(work: Callable[[], object]) -> float:
     return time.perf_counter() - started
 
 
-def accumulate(dsn: str, rounds: int) -> dict[str, list[float]]:
+def _balance_twins(
+    conn: psycopg.Connection, tables: tuple[str, str], stage: str
+) -> tuple[dict[str, Any], sql.Identifier]:
+    """The `payments` job's balances sink in two twin tables of 50,000 rows (primary key on the
+    sink's key), each a sink of its own name, and an empty staging table `stage` as the commit
+    stages rows (accumulated columns numeric)."""
     from onceflow.jobs.payments import PAYMENTS
     from onceflow.sinks.postgres import commit
     from onceflow.sinks.postgres.group import _create_table
 
-    # The `payments` job's balances sink, in two twin tables (primary key on the sink's key).
     balances = PAYMENTS.sink("pg_merchant_balances")
-    twins = {t: dataclasses.replace(balances, table=t) for t in ("bal_upsert", "bal_update")}
-    staging = sql.Identifier("public", "bal_stage")
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        for table, spec in twins.items():
-            _create_table(conn, spec)
-            conn.execute(
-                sql.SQL(
-                    "INSERT INTO {} SELECT 'm' || g, 'EUR', 100, 1 FROM generate_series(1, 50000) g"
-                ).format(sql.Identifier(table))
-            )
-            conn.execute(sql.SQL("VACUUM ANALYZE {}").format(sql.Identifier(table)))
-        # The staged rows as the commit stages them: accumulated columns numeric.
+    twins = {t: dataclasses.replace(balances, name=t, table=t) for t in tables}
+    conn.execute(commit.PROTOCOL_DDL)
+    for table, spec in twins.items():
+        _create_table(conn, spec)
         conn.execute(
-            "CREATE UNLOGGED TABLE bal_stage (merchant_id text, currency text,"
-            " total_cents numeric, payment_count numeric)"
+            sql.SQL(
+                "INSERT INTO {} SELECT 'm' || g, 'EUR', 100, 1 FROM generate_series(1, 50000) g"
+            ).format(sql.Identifier(table))
         )
+        conn.execute(sql.SQL("VACUUM ANALYZE {}").format(sql.Identifier(table)))
+    conn.execute(
+        sql.SQL(
+            "CREATE UNLOGGED TABLE {} (merchant_id text, currency text,"
+            " total_cents numeric, payment_count numeric)"
+        ).format(sql.Identifier(stage))
+    )
+    return twins, sql.Identifier("public", stage)
+
+
+def accumulate(dsn: str, rounds: int) -> dict[str, list[float]]:
+    from onceflow.sinks.postgres import commit
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        twins, staging = _balance_twins(conn, ("bal_upsert", "bal_update"), "bal_stage")
         # Keys in random order, as a window's merchants come.
         conn.execute(
             "INSERT INTO bal_stage SELECT 'm' || (g * 5), 'EUR', 7, 1"
@@ -237,27 +250,10 @@ def contributions(dsn: str, rounds: int) -> dict[str, list[float]]:
 
 
 def accumulate_and_record(dsn: str, rounds: int) -> dict[str, list[float]]:
-    from onceflow.jobs.payments import PAYMENTS
     from onceflow.sinks.postgres import commit
-    from onceflow.sinks.postgres.group import _create_table
 
-    balances = PAYMENTS.sink("pg_merchant_balances")
-    twins = {t: dataclasses.replace(balances, name=t, table=t) for t in ("acc_one", "acc_two")}
-    staging = sql.Identifier("public", "acc_stage")
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(commit.PROTOCOL_DDL)
-        for table, spec in twins.items():
-            _create_table(conn, spec)
-            conn.execute(
-                sql.SQL(
-                    "INSERT INTO {} SELECT 'm' || g, 'EUR', 100, 1 FROM generate_series(1, 50000) g"
-                ).format(sql.Identifier(table))
-            )
-            conn.execute(sql.SQL("VACUUM ANALYZE {}").format(sql.Identifier(table)))
-        conn.execute(
-            "CREATE UNLOGGED TABLE acc_stage (merchant_id text, currency text,"
-            " total_cents numeric, payment_count numeric)"
-        )
+        twins, staging = _balance_twins(conn, ("acc_one", "acc_two"), "acc_stage")
         conn.execute(
             "INSERT INTO acc_stage SELECT 'm' || (random() * 50000)::int, 'EUR',"
             " (random() * 1e5)::bigint, 1 FROM generate_series(1, 10000)"
