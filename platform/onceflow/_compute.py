@@ -13,10 +13,11 @@ import dataclasses
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import reduce
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pyspark import StorageLevel
 
+from onceflow import _window_params as window_params
 from onceflow._identifiers import spark_sql_name, spark_sql_string
 from onceflow._keyindex import KEY_COL, SEEN_COL, SeenLookup
 from onceflow.errors import ConfigurationError
@@ -49,6 +50,10 @@ class Computed:
     kept: DataFrame
     outputs: dict[str, DataFrame]
     kept_where: str | None = None
+    #: Planned with `slot`, and the plan holds for any window: every step takes the window from
+    #: its parameters (`_window_params`), the transform read no `ctx.window_id` and the outputs
+    #: read nothing but the window's rows.
+    any_window: bool = False
 
     def counts_frame(self) -> DataFrame:
         """Rows `(writer, result)` as `sinks.writers.run_writers` returns them: writer COUNTS,
@@ -76,6 +81,16 @@ class Computed:
         )
         return read.unionAll(kept)
 
+    def persist(self) -> None:
+        """Cache the intermediates again after `release` (a plan reused for a new window)."""
+        self.parsed.persist(StorageLevel.MEMORY_AND_DISK)
+        if self.kept_where is None:
+            self.kept.persist(StorageLevel.MEMORY_AND_DISK)
+
+    @property
+    def cached(self) -> bool:
+        return bool(self.parsed.is_cached)
+
     def release(self) -> None:
         if self.kept_where is None:
             self.kept.unpersist()
@@ -88,6 +103,7 @@ def _parsed(
     settings: Settings,
     windows: Sequence[Window],
     lookup: SeenLookup | None,
+    slot: int | None = None,
 ) -> tuple[DataFrame, bool]:
     """The windows' parsed rows, and whether the key lookup already marked every repeat
     of a key within the window seen (then no first-occurrence sort is needed)."""
@@ -95,6 +111,18 @@ def _parsed(
 
     parse = job.parse or (lambda raw: raw)
     source = job.source
+    if slot is not None:
+        if not isinstance(job.parse, ArrowParse) or (
+            lookup is not None and not job.parse.keeps_order
+        ):
+            raise ConfigurationError(
+                f"job {job.name}: only an order-keeping ArrowParse is planned once for any window."
+            )
+        fn, schema = job.parse.fn, job.parse.schema
+        if lookup is not None:
+            fn, schema = _chain(fn, _AnyWindowLookup(lookup)), lookup.ddl(schema)
+        fn, schema = _chain(fn, _AnyWindowId()), f"{schema}, {WINDOW_COL} BIGINT"
+        return source.read_planned(spark, settings, fn, schema, slot), lookup is not None
     many = (
         source.read_many(spark, settings, [w.offsets for w in windows])
         if len(windows) > 1
@@ -156,10 +184,61 @@ class _WindowId:
         import pyarrow as pa
 
         for batch in batches:
-            ids = pa.array([self.window_id] * batch.num_rows, pa.int64())
+            ids = pa.repeat(pa.scalar(self.window_id, pa.int64()), batch.num_rows)
             yield pa.RecordBatch.from_arrays(
                 [*batch.columns, ids], schema=batch.schema.append(pa.field(WINDOW_COL, pa.int64()))
             )
+
+
+@dataclass(frozen=True)
+class _AnyWindowId:
+    """`_WindowId` of the window the task is given."""
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        return _WindowId(int(window_params.current()["window_id"]))(batches)
+
+
+@dataclass(frozen=True)
+class _AnyWindowLookup:
+    """`lookup` for the window the task is given: keys kept before it, and the keys staged by
+    the windows not yet in the index; the window is read in order (`Source.read_planned`)."""
+
+    lookup: SeenLookup
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        params = window_params.current()
+        lookup = dataclasses.replace(
+            self.lookup,
+            before=int(params["window_id"]),
+            staged=tuple(params["staged"]),
+            in_order=True,
+        )
+        return lookup(batches)
+
+
+class _WatchedContext(WindowContext):
+    """A WindowContext that notes whether the transform read `window_id` while planning (a
+    plan that holds it as a constant holds for that window only). Read in a task (a UDF that
+    keeps the context), it is the id of the window the task computes."""
+
+    def __getattribute__(self, name: str) -> Any:
+        if name == "window_id":
+            in_task = window_params.task_window_id()
+            if in_task is not None:
+                return in_task
+            object.__setattr__(self, "_window_id_read", True)
+        return super().__getattribute__(name)
+
+    @property
+    def window_id_read(self) -> bool:
+        return bool(self.__dict__.get("_window_id_read", False))
+
+
+def _reads_only_its_window(df: DataFrame) -> bool:
+    """Every leaf of `df`'s plan is a range (the planned read's, or the transform's own): no
+    table, file or rows that a plan made once would keep from its first window."""
+    leaves = df._jdf.queryExecution().analyzed().collectLeaves()
+    return all(leaves.apply(i).nodeName() == "Range" for i in range(leaves.size()))
 
 
 def compute(
@@ -171,6 +250,7 @@ def compute(
     seen: DataFrame | None = None,
     lookup: SeenLookup | None = None,
     window_column: bool = True,
+    slot: int | None = None,
 ) -> Computed:
     """Compute `job`'s outputs for `windows` (in window order).
 
@@ -185,6 +265,9 @@ def compute(
             index), which are then duplicates; the kept rows carry the key as KEY_COL.
         window_column: Whether the outputs (the transform's and the quarantine output) get
             WINDOW_COL.
+        slot: Plan for any one window (in a slot of its own; see `_window_params`): the
+            window is read with `Source.read_planned`, and whatever the window's parameters
+            say is what its jobs compute. `Computed.any_window` says whether the plan holds.
 
     Returns:
         The parsed and kept rows (cached, with WINDOW_COL) and every output, lazily.
@@ -194,9 +277,9 @@ def compute(
     windows = sorted(windows, key=lambda w: w.window_id)
     if not windows:
         raise ConfigurationError(f"job {job.name}: nothing to compute (no windows given).")
-    if lookup is not None and len(windows) != 1:
+    if (lookup is not None or slot is not None) and len(windows) != 1:
         raise ConfigurationError("the dedupe key index looks up one window at a time.")
-    parsed, deduped = _parsed(spark, job, settings, windows, lookup)
+    parsed, deduped = _parsed(spark, job, settings, windows, lookup, slot)
     for column in (REASON_COLUMN, RAW_TEXT_COLUMN):
         if column not in parsed.columns:
             parsed = parsed.withColumn(column, F.lit(None).cast("string"))
@@ -239,7 +322,9 @@ def compute(
         # rows keep WINDOW_COL for `WindowContext.window_id_column`.
         mine = kept if len(windows) == 1 else kept.where(F.col(WINDOW_COL) == window.window_id)
         rows = mine.drop(KEY_COL, SEEN_COL)
-        produced = job.transform(rows, WindowContext(job.name, window.window_id))
+        ctx = _WatchedContext(job.name, window.window_id)
+        produced = job.transform(rows, ctx)
+        any_window = slot is not None and not ctx.window_id_read
         for name, df in produced.items():
             if window_column:
                 df = df.withColumn(WINDOW_COL, F.lit(window.window_id).cast("bigint"))
@@ -266,4 +351,10 @@ def compute(
             f"job {job.name}: the transform gave no output named {absent}; it gave "
             f"{sorted(outputs)}. Every sink's `output` must be one of them."
         )
-    return Computed(parsed, kept, outputs, kept_where=is_valid if deduped else None)
+    if slot is not None:
+        any_window = any_window and all(_reads_only_its_window(df) for df in outputs.values())
+    else:
+        any_window = False
+    return Computed(
+        parsed, kept, outputs, kept_where=is_valid if deduped else None, any_window=any_window
+    )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import secrets
 import threading
 import time
 import uuid
@@ -12,6 +13,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from onceflow import _window_params as window_params
 from onceflow import faults
 from onceflow._compute import COUNTS, Computed, compute
 from onceflow._identifiers import session_name, spark_sql_name
@@ -25,6 +27,7 @@ from onceflow.sinks import SinkContext, SinkGroup, SinkOutcome, open_groups
 from onceflow.sinks.base import WindowWrite
 from onceflow.sinks.postgres.commit import CopyWriter
 from onceflow.sinks.writers import PartitionWriter, rows_written, run_writers
+from onceflow.sources.base import ArrowParse
 from onceflow.windows import WINDOW_COL
 
 if TYPE_CHECKING:
@@ -56,6 +59,15 @@ class WindowOutputs:
     stats: dict[str, Any] | None
     computed: Computed | None = None
     quarantine: bool = False  # whether invalid rows go to a quarantine sink
+    #: The window's parameters, when its frames were planned for any window: the Spark jobs
+    #: that compute them must run inside `bound`.
+    params: dict[str, Any] | None = None
+
+    def bound(self, spark: SparkSession | None) -> contextlib.AbstractContextManager[None]:
+        """Around the Spark jobs of this thread that compute the frames."""
+        if self.params is None or spark is None:
+            return contextlib.nullcontext()
+        return window_params.bound(spark, self.params)
 
     def count_frames(self, writers: Sequence[PartitionWriter]) -> list[DataFrame]:
         """What the sink write computes too, to know the stats (`counted`): the counts, and
@@ -211,6 +223,13 @@ class Engine:
         self.group_of = {name: group for group in self.groups for name in group.names}
         self.index = KeyIndex(dsn, job.name, self.ledger) if job.dedupe is not None else None
         self._prepared = False
+        # A run's windows planned once, for any window, in two slots (one window prepared
+        # while the one before it commits): by slot, the outputs; None once a plan was found
+        # not to hold for any window (the job's windows are then planned one by one).
+        self._planned: dict[int, WindowOutputs] | None = {}
+        # Slots are numbered from a base of the engine's own, so no two engines' plans are
+        # equal (Spark's cache matches equal plans across a session).
+        self._slot_base = secrets.randbits(48) * 2
 
     @property
     def spark(self) -> SparkSession:
@@ -538,7 +557,7 @@ class Engine:
         if not todo:
             return prepared
         also = (before.keys.table,) if before is not None and before.keys is not None else ()
-        out = prepared.out = self.outputs(window, seen_also=also)
+        out = prepared.out = self.outputs(window, seen_also=also, planned=True)
         try:
             prepared.writes = [
                 (group, group.begin(window, out.frames, todo, epoch=epoch, run_id=run_id))
@@ -552,7 +571,8 @@ class Engine:
                     KEYS_OUTPUT, window.window_id, session_name(self.job.name, epoch)
                 )
                 writers.append(prepared.keys)
-            prepared.results = self._write(window, out, writers, prepared.writes)
+            with out.bound(self._spark):
+                prepared.results = self._write(window, out, writers, prepared.writes)
             prepared.result.compute_s = time.monotonic() - started
             prepared.result.stats = out.counted(prepared.results, writers)
         except BaseException:
@@ -575,12 +595,12 @@ class Engine:
             self.ledger.record_stats(window.window_id, result.stats)
             faults.point("before_sinks", window.window_id)
             for group, write in prepared.writes:
-                result.sinks.update(
-                    group.finish(
+                with out.bound(self._spark):  # a staged copy lost is written again
+                    outcomes = group.finish(
                         window, write, prepared.results, out.frames, epoch=epoch,
                         run_id=run_id, exactly_once=self.exactly_once,
-                    )
-                )  # fmt: skip
+                    )  # fmt: skip
+                result.sinks.update(outcomes)
                 faults.point(f"after_{group.kind}", window.window_id)
             faults.point("after_commits", window.window_id)
             if self.exactly_once:
@@ -873,16 +893,105 @@ class Engine:
         skipped = {wid for wid, _ in self.ledger.skipped_windows()}
         return [w for w in range(after + 1, before) if w not in skipped]
 
+    def _frames(self, computed: Computed, names: Sequence[str]) -> dict[str, DataFrame]:
+        """The sinks' frames of a computation (and the key index's)."""
+        frames = {
+            name: df.drop(WINDOW_COL) if WINDOW_COL in df.columns else df
+            for name, df in computed.outputs.items()
+            if name in names
+        }
+        dedupe = self.job.dedupe
+        if dedupe is not None:
+            state = self.job.sink(dedupe.state_sink)
+            if "_window_id" not in frames[state.output].columns:
+                computed.release()
+                raise ConfigurationError(
+                    f"sink {state.name} holds the job's dedupe state, but its rows have no "
+                    "`_window_id` column; add it in the transform (the window's id, from ctx)."
+                )
+        if self.index is not None:
+            frames[KEYS_OUTPUT] = computed.kept.where(
+                f"{spark_sql_name(KEY_COL)} IS NOT NULL"
+            ).selectExpr(spark_sql_name(KEY_COL), f"{spark_sql_name(WINDOW_COL)} AS window_id")
+        return frames
+
+    def _planned_outputs(
+        self, window: Window, names: Sequence[str], seen_also: tuple[str, ...]
+    ) -> WindowOutputs | None:
+        """The window's outputs from the plan of its slot (made now if the slot has none), or
+        None if the job's plan does not hold for any window, or the source cannot read this
+        window with it.
+
+        Windows alternate between two slots, so the window committing and the one being
+        prepared never share a plan: Spark takes cached rows for any equal plan. A slot's
+        window releases its cached rows when it is committed or dropped, before the slot's
+        next window is prepared."""
+        job, index, dedupe = self.job, self.index, self.job.dedupe
+        planned = self._planned
+        if (
+            planned is None
+            or not isinstance(job.parse, ArrowParse)
+            or (dedupe is not None and not job.parse.keeps_order)
+            or self._spark is None
+            or not window_params.supported(self._spark)
+        ):
+            return None
+        read = job.source.window_read(self.settings, window.offsets)
+        if read is None:
+            return None
+        slot = self._slot_base + window.window_id % 2
+        params = {"read": read, "window_id": window.window_id, "staged": list(seen_also)}
+        quarantine = job.quarantine_sink is not None
+        plan = planned.get(slot)
+        if plan is not None:
+            assert plan.computed is not None
+            if plan.computed.cached:  # its last window is not released: plan this one alone
+                return None
+            plan.computed.persist()
+            return WindowOutputs(dict(plan.frames), None, plan.computed, quarantine, params)
+        computed = compute(
+            self.spark,
+            job,
+            self.settings,
+            [window],
+            lookup=(
+                index.lookup(dedupe.key, window.window_id)
+                if index is not None and dedupe is not None
+                else None
+            ),
+            window_column=False,
+            slot=slot,
+        )
+        if not computed.any_window:
+            computed.release()
+            self._planned = None
+            _log.info("job %s: its windows are planned one by one", job.name)
+            return None
+        out = WindowOutputs(self._frames(computed, names), None, computed, quarantine, params)
+        planned[slot] = WindowOutputs(out.frames, None, computed, quarantine)
+        return out
+
     def outputs(
-        self, window: Window, *, stage_tag: str = "", seen_also: tuple[str, ...] = ()
+        self,
+        window: Window,
+        *,
+        stage_tag: str = "",
+        seen_also: tuple[str, ...] = (),
+        planned: bool = False,
     ) -> WindowOutputs:
         """The window's outputs and stats, the same rows for every sink and every retry.
 
         A deterministic job computes them again on a replay, from cached intermediates within
         a run; any other job stages them once (Parquet under the lake) and reuses the stage.
+        `planned`: the outputs may come from a plan made for any window of the run (then
+        their Spark jobs run inside `WindowOutputs.bound`).
         """
         self.ensure_index(window.window_id)
         names = sorted({s.output for s in self.job.sinks})
+        if planned and self.job.deterministic:
+            out = self._planned_outputs(window, names, seen_also)
+            if out is not None:
+                return out
         stage = None
         if not self.job.deterministic:
             stage = WindowStage(
@@ -910,23 +1019,7 @@ class Engine:
             ),
             window_column=False,
         )
-        frames = {
-            name: df.drop(WINDOW_COL) if WINDOW_COL in df.columns else df
-            for name, df in computed.outputs.items()
-            if name in names
-        }
-        if dedupe is not None:
-            state = self.job.sink(dedupe.state_sink)
-            if "_window_id" not in frames[state.output].columns:
-                computed.release()
-                raise ConfigurationError(
-                    f"sink {state.name} holds the job's dedupe state, but its rows have no "
-                    "`_window_id` column; add it in the transform (the window's id, from ctx)."
-                )
-        if index is not None:
-            frames[KEYS_OUTPUT] = computed.kept.where(
-                f"{spark_sql_name(KEY_COL)} IS NOT NULL"
-            ).selectExpr(spark_sql_name(KEY_COL), f"{spark_sql_name(WINDOW_COL)} AS window_id")
+        frames = self._frames(computed, names)
         out = WindowOutputs(frames, None, computed, quarantine=self.job.quarantine_sink is not None)
         if stage is None:
             return out

@@ -91,6 +91,11 @@ class Job:
             then computed again from its input on a replay instead of being staged first, which
             saves a write and a read of every output. Leave it False when in doubt: a replay
             of a non-deterministic transform would give some sinks other rows than the rest.
+            A deterministic job whose `parse` is an order-keeping `ArrowParse` over landing
+            files is also planned once for the windows of a run, not once per window, if its
+            transform reads nothing but its rows (no `ctx.window_id` while planning; use
+            `ctx.window_id_column()`) — each window's tasks are given that window's files and
+            id when they run.
     """
 
     name: str

@@ -151,6 +151,23 @@ class Source(ABC):
         """
         return self.read(spark, settings, offsets).mapInArrow(fn, schema)
 
+    def window_read(self, settings: Settings, offsets: Mapping[str, Any]) -> dict[str, Any] | None:
+        """What `read_planned` needs of this window (JSON-able), if it can read the window;
+        None: it cannot, and the window is read with `read_mapped`.
+
+        Raises:
+            SourceError: When the input is no longer what was planned.
+        """
+        return None
+
+    def read_planned(
+        self, spark: SparkSession, settings: Settings, fn: BatchFunction, schema: str, slot: int
+    ) -> DataFrame:
+        """`read_mapped` planned once for any window: the step reads the window its task is
+        given (`window_read`'s answer, under "read" in `_window_params.current()`), in one
+        partition and in source order. `slot` tells apart plans in use at the same time."""
+        raise NotImplementedError(f"{type(self).__name__} has no read planned once")
+
     def reads_in_order(self, settings: Settings, offsets: Mapping[str, Any]) -> bool:
         """Whether `read_mapped` passes the window's records to `fn` in one partition, in source
         order (`_file_idx`, then `_source_line`): the key lookup then finds a key's repeats

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
+from onceflow import _window_params as window_params
 from onceflow.errors import SourceError
 from onceflow.sources.base import BatchFunction, Observation, Source
 from onceflow.storage import Location, open_input
@@ -165,6 +166,28 @@ class LandingSource(LandingFiles):
         _check_planned(self.check_available(settings, offsets))
         return _read_whole(spark, settings.landing, files, sizes, then=fn, schema=schema)
 
+    def window_read(self, settings: Settings, offsets: Mapping[str, Any]) -> dict[str, Any] | None:
+        files = list(offsets.get("files", []))
+        sizes = _sizes(settings.landing, offsets)
+        if not files or not _whole_in_one_task(sizes):
+            return None
+        _check_planned(self.check_available(settings, offsets))
+        return {"files": files}
+
+    def read_planned(
+        self, spark: SparkSession, settings: Settings, fn: BatchFunction, schema: str, slot: int
+    ) -> DataFrame:
+        root = settings.landing
+
+        def split_then(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            for _ in batches:  # the slot's one row: it says nothing
+                pass
+            return fn(_split(root, window_params.current()["read"]["files"]))
+
+        # The slot is the range's one id: plans of different slots differ, so Spark never
+        # takes one slot's cached rows for the other's.
+        return spark.range(slot, slot + 1, 1, 1).mapInArrow(split_then, schema)
+
     def reads_in_order(self, settings: Settings, offsets: Mapping[str, Any]) -> bool:
         sizes = _sizes(settings.landing, offsets)
         return bool(sizes) and _whole_in_one_task(sizes)
@@ -262,6 +285,14 @@ def _read_whole(
     if then is None:
         return positions.mapInArrow(split, RAW_SCHEMA)
     return positions.mapInArrow(split_then, schema)
+
+
+def _split(root: Location, files: Sequence[str]) -> Iterator[pa.RecordBatch]:
+    """The lines of `files`, in file and line order, as raw-line batches (one a file)."""
+    for file_idx, rel in enumerate(files):
+        lines = _lines_batch(file_idx, rel, (root / rel).read_bytes())
+        if lines is not None:
+            yield lines
 
 
 def _lines_batch(file_idx: int, rel: str, content: bytes) -> pa.RecordBatch | None:

@@ -1,0 +1,208 @@
+"""A run plans a deterministic job's windows once per slot, and each window's tasks still
+compute that window: its files, its id, its dedupe against every window before it. A transform
+whose plan would not hold for another window (it reads `ctx.window_id` while planning, or rows
+from outside its window) is planned window by window. Checked against plain Python on real
+Spark, PostgreSQL and Delta."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import psycopg
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from onceflow import (
+    ArrowParse,
+    Dedupe,
+    DeltaSink,
+    Engine,
+    Job,
+    LandingSource,
+    PostgresSink,
+    Settings,
+    WindowContext,
+)
+
+PARSED = (
+    "_file_idx INT, _source_file STRING, _source_line BIGINT, event_id STRING, team STRING, "
+    "points BIGINT, _reason STRING, _raw_text STRING"
+)
+
+
+def _parse(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """`event_id,team,points` lines; anything else is invalid, with its reason."""
+    for batch in batches:
+        columns: dict[str, list] = {
+            name: [] for name in ("event_id", "team", "points", "_reason", "_raw_text")
+        }
+        for raw in batch.column("_raw").to_pylist():
+            text = raw.decode("utf-8", "replace")
+            parts = text.split(",")
+            valid = len(parts) == 3 and parts[2].lstrip("-").isdigit()
+            columns["event_id"].append(parts[0] if valid else None)
+            columns["team"].append(parts[1] if valid else None)
+            columns["points"].append(int(parts[2]) if valid else None)
+            columns["_reason"].append(None if valid else "not event_id,team,points")
+            columns["_raw_text"].append(text)
+        yield pa.RecordBatch.from_pydict(
+            {
+                "_file_idx": batch.column("_file_idx"),
+                "_source_file": batch.column("_source_file"),
+                "_source_line": batch.column("_source_line"),
+                "event_id": pa.array(columns["event_id"], pa.string()),
+                "team": pa.array(columns["team"], pa.string()),
+                "points": pa.array(columns["points"], pa.int64()),
+                "_reason": pa.array(columns["_reason"], pa.string()),
+                "_raw_text": pa.array(columns["_raw_text"], pa.string()),
+            }
+        )
+
+
+class Planning:
+    """Transforms that count how often the engine plans them."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def by_column(self, rows: DataFrame, ctx: WindowContext) -> Mapping[str, DataFrame]:
+        self.calls += 1
+        return _outputs(rows.withColumn("_window_id", ctx.window_id_column()))
+
+    def by_literal(self, rows: DataFrame, ctx: WindowContext) -> Mapping[str, DataFrame]:
+        self.calls += 1
+        return _outputs(rows.withColumn("_window_id", F.lit(ctx.window_id).cast("bigint")))
+
+    def by_udf(self, rows: DataFrame, ctx: WindowContext) -> Mapping[str, DataFrame]:
+        """The context travels to the executors in a UDF and is read there."""
+        self.calls += 1
+        window_of = F.udf(lambda _: ctx.window_id, "bigint")
+        return _outputs(rows.withColumn("_window_id", window_of(F.col("event_id"))))
+
+    def with_outside_rows(self, rows: DataFrame, ctx: WindowContext) -> Mapping[str, DataFrame]:
+        """Joins rows that are not the window's (a team table made while planning)."""
+        self.calls += 1
+        teams = rows.sparkSession.createDataFrame([("red", 1), ("blue", 1)], "team STRING, w INT")
+        joined = rows.join(F.broadcast(teams), "team", "left").drop("w")
+        return _outputs(joined.withColumn("_window_id", ctx.window_id_column()))
+
+
+def _outputs(events: DataFrame) -> Mapping[str, DataFrame]:
+    events = events.select("event_id", "team", "points", "_window_id")
+    totals = events.groupBy("team").agg(
+        F.sum("points").alias("points"), F.count(F.lit(1)).cast("bigint").alias("events")
+    )
+    return {"events": events, "totals": totals}
+
+
+def _job(transform, name: str) -> Job:
+    return Job(
+        name=name,
+        source=LandingSource(folder=name, suffix=".txt"),
+        parse=ArrowParse(_parse, PARSED, keeps_order=True),
+        transform=transform,
+        deterministic=True,
+        dedupe=Dedupe(key=("event_id",), state_sink="lake_events"),
+        sinks=(
+            DeltaSink("lake_events", "events", table=f"{name}/events"),
+            PostgresSink(
+                "pg_events", "events", table=f"{name}_events",
+                columns={"event_id": "text", "team": "text", "points": "bigint",
+                         "_window_id": "bigint"},
+                window_column="_window_id",
+            ),
+            PostgresSink(
+                "pg_totals", "totals", table=f"{name}_totals",
+                columns={"team": "text", "points": "bigint", "events": "bigint"},
+                key=("team",), mode="accumulate", accumulate=("points", "events"),
+            ),
+        ),
+    )  # fmt: skip
+
+
+# One file a window. Repeats within a window and across windows of both slots (2 → 3 is the
+# other slot, 1 → 3 and 2 → 6 the same one), and invalid lines.
+WINDOWS = [
+    ["e1,red,3", "e2,blue,5", "e1,red,99", "bad line"],
+    ["e3,red,7", "e4,blue,1"],
+    ["e3,red,70", "e1,red,1", "e5,green,2"],
+    ["e6,blue,4", "e6,blue,40"],
+    ["7,,"],
+    ["e4,blue,9", "e7,red,8"],
+]
+
+
+def _land(landing: Path, name: str) -> None:
+    folder = landing / name
+    folder.mkdir(parents=True)
+    for i, lines in enumerate(WINDOWS):
+        (folder / f"f{i}.txt").write_text("\n".join(lines) + "\n")
+
+
+def _expected() -> tuple[Counter, dict[str, tuple[int, int]]]:
+    seen: dict[str, tuple[str, int, int]] = {}
+    for window, lines in enumerate(WINDOWS, start=1):
+        for line in lines:
+            parts = line.split(",")
+            if len(parts) == 3 and parts[2].isdigit() and parts[0] not in seen:
+                seen[parts[0]] = (parts[1], int(parts[2]), window)
+    totals: dict[str, tuple[int, int]] = {}
+    for team, points, _ in seen.values():
+        p, n = totals.get(team, (0, 0))
+        totals[team] = (p + points, n + 1)
+    return Counter((e, t, p, w) for e, (t, p, w) in seen.items()), totals
+
+
+def _run(spark, pg_dsn: str, tmp_path: Path, lake: Path, landing: Path, transform, name: str):
+    _land(landing, name)
+    settings = Settings(home=tmp_path / "home", postgres_dsn=pg_dsn, lake=lake, landing=landing)
+    result = Engine(_job(transform, name), settings, spark, pg_dsn).run(max_units_per_window=1)
+    assert [w.window_id for w in result.windows] == list(range(1, len(WINDOWS) + 1))
+    assert [w.stats["rows_in"] - w.stats["valid"] for w in result.windows] == [1, 0, 0, 0, 1, 0]
+    assert [w.stats["duplicates"] for w in result.windows] == [1, 0, 2, 1, 0, 1]
+    want, totals = _expected()
+    with psycopg.connect(pg_dsn) as conn:
+        pg_rows = conn.execute(
+            f"SELECT event_id, team, points, _window_id FROM {name}_events"
+        ).fetchall()
+        got_totals = {
+            t: (int(p), int(n)) for t, p, n in conn.execute(f"SELECT * FROM {name}_totals")
+        }
+    delta = DeltaTable(str(lake / name / "events")).to_pyarrow_table().to_pylist()
+    delta_rows = [(r["event_id"], r["team"], r["points"], r["_window_id"]) for r in delta]
+    for rows in (pg_rows, delta_rows):
+        got = Counter(tuple(r) for r in rows)
+        lost, doubled = want - got, got - want
+        assert (sum(lost.values()), sum(doubled.values())) == (0, 0), (lost, doubled)
+    assert got_totals == totals
+
+
+def test_a_run_plans_once_per_slot_and_each_window_computes_its_own_rows(
+    spark, pg_dsn: str, tmp_path: Path, lake: Path, landing: Path
+) -> None:
+    planning = Planning()
+    _run(spark, pg_dsn, tmp_path, lake, landing, planning.by_column, "slots")
+    assert planning.calls == 2  # one plan a slot, for six windows
+
+
+def test_a_context_read_in_a_task_is_the_tasks_window(
+    spark, pg_dsn: str, tmp_path: Path, lake: Path, landing: Path
+) -> None:
+    planning = Planning()
+    _run(spark, pg_dsn, tmp_path, lake, landing, planning.by_udf, "in_task")
+    assert planning.calls == 2
+
+
+@pytest.mark.parametrize("transform", ["by_literal", "with_outside_rows"])
+def test_a_plan_that_holds_for_one_window_only_is_made_for_each(
+    spark, pg_dsn: str, tmp_path: Path, lake: Path, landing: Path, transform: str
+) -> None:
+    planning = Planning()
+    _run(spark, pg_dsn, tmp_path, lake, landing, getattr(planning, transform), transform)
+    # The first window is planned for any window, found not to hold, and planned alone.
+    assert planning.calls == len(WINDOWS) + 1
