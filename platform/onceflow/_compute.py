@@ -277,8 +277,10 @@ def compute(
     windows = sorted(windows, key=lambda w: w.window_id)
     if not windows:
         raise ConfigurationError(f"job {job.name}: nothing to compute (no windows given).")
-    if (lookup is not None or slot is not None) and len(windows) != 1:
+    if lookup is not None and len(windows) != 1:
         raise ConfigurationError("the dedupe key index looks up one window at a time.")
+    if slot is not None and len(windows) != 1:
+        raise ConfigurationError("a plan for any window is made from one window.")
     parsed, deduped = _parsed(spark, job, settings, windows, lookup, slot)
     for column in (REASON_COLUMN, RAW_TEXT_COLUMN):
         if column not in parsed.columns:

@@ -42,24 +42,27 @@ def bound(spark: SparkSession, params: Mapping[str, Any] | None) -> Iterator[Non
         context.setLocalProperty(PROPERTY, None)  # type: ignore[arg-type]  # None removes it
 
 
-def current() -> dict[str, Any]:
-    """The parameters of the window whose task runs this (on an executor's Python worker)."""
+def _task_params() -> dict[str, Any] | None:
+    """The parameters given to the task that runs this; None outside such a task."""
     from pyspark import TaskContext
 
     context = TaskContext.get()
     value = context.getLocalProperty(PROPERTY) if context is not None else None
-    if value is None:
+    return None if value is None else dict(json.loads(value))
+
+
+def current() -> dict[str, Any]:
+    """The parameters of the window whose task runs this (on an executor's Python worker)."""
+    params = _task_params()
+    if params is None:
         raise RuntimeError(
             "a step planned for any window ran in a Spark job started outside `bound`: it has "
             "no window to read."
         )
-    return dict(json.loads(value))
+    return params
 
 
 def task_window_id() -> int | None:
     """The id of the window whose task runs this; None outside a task given a window."""
-    from pyspark import TaskContext
-
-    context = TaskContext.get()
-    value = context.getLocalProperty(PROPERTY) if context is not None else None
-    return None if value is None else int(json.loads(value)["window_id"])
+    params = _task_params()
+    return None if params is None else int(params["window_id"])

@@ -268,11 +268,7 @@ def _read_whole(
 
     def split(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
-            for file_idx in batch.column("id").to_pylist():
-                rel = files[file_idx]
-                lines = _lines_batch(file_idx, rel, (root / rel).read_bytes())
-                if lines is not None:
-                    yield lines
+            yield from _split(root, files, batch.column("id").to_pylist())
 
     def split_then(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         assert then is not None
@@ -287,9 +283,13 @@ def _read_whole(
     return positions.mapInArrow(split_then, schema)
 
 
-def _split(root: Location, files: Sequence[str]) -> Iterator[pa.RecordBatch]:
-    """The lines of `files`, in file and line order, as raw-line batches (one a file)."""
-    for file_idx, rel in enumerate(files):
+def _split(
+    root: Location, files: Sequence[str], indexes: Sequence[int] | None = None
+) -> Iterator[pa.RecordBatch]:
+    """The lines of `files` (those at `indexes`, else all), in file and line order, as
+    raw-line batches (one a file)."""
+    for file_idx in range(len(files)) if indexes is None else indexes:
+        rel = files[file_idx]
         lines = _lines_batch(file_idx, rel, (root / rel).read_bytes())
         if lines is not None:
             yield lines
