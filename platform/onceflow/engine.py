@@ -26,7 +26,13 @@ from onceflow.settings import Settings
 from onceflow.sinks import SinkContext, SinkGroup, SinkOutcome, open_groups
 from onceflow.sinks.base import WindowWrite
 from onceflow.sinks.postgres.commit import CopyWriter
-from onceflow.sinks.writers import PartitionWriter, rows_written, run_writers
+from onceflow.sinks.writers import (
+    WRITERS_PARAM,
+    PartitionWriter,
+    WritersPlan,
+    rows_written,
+    run_writers,
+)
 from onceflow.sources.base import ArrowParse
 from onceflow.windows import WINDOW_COL
 
@@ -62,12 +68,23 @@ class WindowOutputs:
     #: The window's parameters, when its frames were planned for any window: the Spark jobs
     #: that compute them must run inside `bound`.
     params: dict[str, Any] | None = None
+    #: The plan slot the frames come from (with `params`).
+    slot: int | None = None
 
-    def bound(self, spark: SparkSession | None) -> contextlib.AbstractContextManager[None]:
-        """Around the Spark jobs of this thread that compute the frames."""
+    def bound(
+        self,
+        spark: SparkSession | None,
+        writers: WritersPlan | None = None,
+        written: Sequence[PartitionWriter] = (),
+    ) -> contextlib.AbstractContextManager[None]:
+        """Around the Spark jobs of this thread that compute the frames; with `writers`, the
+        job of that plan, writing `written`."""
         if self.params is None or spark is None:
             return contextlib.nullcontext()
-        return window_params.bound(spark, self.params)
+        params = self.params
+        if writers is not None:
+            params = {**params, WRITERS_PARAM: writers.params(written)}
+        return window_params.bound(spark, params)
 
     def count_frames(self, writers: Sequence[PartitionWriter]) -> list[DataFrame]:
         """What the sink write computes too, to know the stats (`counted`): the counts, and
@@ -230,6 +247,8 @@ class Engine:
         # Slots are numbered from a base of the engine's own, so no two engines' plans are
         # equal (Spark's cache matches equal plans across a session).
         self._slot_base = secrets.randbits(48) * 2
+        # By slot, the writers' step of its last window, for the next window of the slot.
+        self._planned_writes: dict[int, WritersPlan] = {}
 
     @property
     def spark(self) -> SparkSession:
@@ -571,8 +590,7 @@ class Engine:
                     KEYS_OUTPUT, window.window_id, session_name(self.job.name, epoch)
                 )
                 writers.append(prepared.keys)
-            with out.bound(self._spark):
-                prepared.results = self._write(window, out, writers, prepared.writes)
+            prepared.results = self._write(window, out, writers, prepared.writes)
             prepared.result.compute_s = time.monotonic() - started
             prepared.result.stats = out.counted(prepared.results, writers)
         except BaseException:
@@ -634,16 +652,35 @@ class Engine:
         writers: list[PartitionWriter],
         writes: list[tuple[SinkGroup, WindowWrite]],
     ) -> dict[str, list[dict[str, Any]]]:
-        """Run every writer in one Spark job. If that job fails, each group's writers (and the
-        key index's) run again on their own; nothing is committed before `finish`."""
+        """Run every writer in one Spark job (built once per plan slot when the outputs come
+        from one). If that job fails, each group's writers (and the key index's) run again on
+        their own; nothing is committed before `finish`."""
         try:
-            return run_writers(out.frames, writers, out.count_frames(writers))
+            if out.slot is None:
+                with out.bound(self._spark):
+                    return run_writers(out.frames, writers, out.count_frames(writers))
+            plan = self._planned_writes.get(out.slot)
+            if plan is None or not plan.fits(out.frames, writers):
+                plan = WritersPlan(out.frames, writers, out.count_frames(writers))
+                self._planned_writes[out.slot] = plan
+            with out.bound(self._spark, plan, writers):
+                return plan.run(writers)
         except Exception as exc:
             _log.warning(
                 "window %d: the write job failed (%s); writing each sink group on its own",
                 window.window_id,
                 type(exc).__name__,
             )
+        with out.bound(self._spark):
+            return self._write_each(window, out, writers, writes)
+
+    def _write_each(
+        self,
+        window: Window,
+        out: WindowOutputs,
+        writers: list[PartitionWriter],
+        writes: list[tuple[SinkGroup, WindowWrite]],
+    ) -> dict[str, list[dict[str, Any]]]:
         out.count()
         grouped = [write.writers for _, write in writes]
         grouped.append([w for w in writers if not any(w in g for g in grouped)])
@@ -948,7 +985,7 @@ class Engine:
             if plan.computed.cached:  # its last window is not released: plan this one alone
                 return None
             plan.computed.persist()
-            return WindowOutputs(dict(plan.frames), None, plan.computed, quarantine, params)
+            return WindowOutputs(dict(plan.frames), None, plan.computed, quarantine, params, slot)
         computed = compute(
             self.spark,
             job,
@@ -967,8 +1004,9 @@ class Engine:
             self._planned = None
             _log.info("job %s: its windows are planned one by one", job.name)
             return None
-        out = WindowOutputs(self._frames(computed, names), None, computed, quarantine, params)
-        planned[slot] = WindowOutputs(out.frames, None, computed, quarantine)
+        frames = self._frames(computed, names)
+        out = WindowOutputs(frames, None, computed, quarantine, params, slot)
+        planned[slot] = WindowOutputs(dict(frames), None, computed, quarantine)
         return out
 
     def outputs(

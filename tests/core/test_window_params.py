@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pyarrow as pa
@@ -28,6 +29,8 @@ from onceflow import (
     Settings,
     WindowContext,
 )
+from onceflow import engine as engine_module
+from onceflow.sinks.writers import WritersPlan
 
 PARSED = (
     "_file_idx INT, _source_file STRING, _source_line BIGINT, event_id STRING, team STRING, "
@@ -183,11 +186,20 @@ def _run(spark, pg_dsn: str, tmp_path: Path, lake: Path, landing: Path, transfor
 
 
 def test_a_run_plans_once_per_slot_and_each_window_computes_its_own_rows(
-    spark, pg_dsn: str, tmp_path: Path, lake: Path, landing: Path
+    spark, pg_dsn: str, tmp_path: Path, lake: Path, landing: Path, monkeypatch
 ) -> None:
     planning = Planning()
+    built: list[WritersPlan] = []
+
+    class Counted(WritersPlan):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            built.append(self)
+
+    monkeypatch.setattr(engine_module, "WritersPlan", Counted)
     _run(spark, pg_dsn, tmp_path, lake, landing, planning.by_column, "slots")
     assert planning.calls == 2  # one plan a slot, for six windows
+    assert len(built) == 2  # and one writers' step a slot
 
 
 def test_a_context_read_in_a_task_is_the_tasks_window(

@@ -12,10 +12,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from onceflow import _window_params as window_params
 from onceflow.sinks.delta.table import spark_schema_to_arrow
 from onceflow.sinks.writers import (
+    WRITERS_PARAM,
     ParquetFileWriter,
     PartitionHandle,
+    WritersPlan,
     close_all,
     rows_written,
     run_writers,
@@ -82,6 +85,43 @@ def test_each_writer_gets_exactly_its_outputs_rows(
     for name in outputs[1:]:
         assert _written(tmp_path, name) == _expected(frames[name])
         assert rows_written(results[name]) == frames[name].count()
+
+
+def test_a_writers_plan_runs_again_with_each_windows_own_fields(spark: Any, tmp_path: Path) -> None:
+    frames = {"payments": _payments(spark), "totals": spark.range(5).selectExpr("id AS k")}
+
+    def writers(folder: str) -> list[ParquetFileWriter]:
+        return [
+            ParquetFileWriter(
+                name, name, Location(str(tmp_path / name)), folder,
+                spark_schema_to_arrow(frames[name]),
+            )
+            for name in ("totals", "payments")
+        ]  # fmt: skip
+
+    plan = WritersPlan(frames, writers("w1"))
+    for folder in ("w1", "w2"):
+        now = writers(folder)
+        assert plan.fits(frames, now)
+        with window_params.bound(spark, {"window_id": 1, WRITERS_PARAM: plan.params(now)}):
+            results = plan.run(now)
+        for name in ("payments", "totals"):
+            parts = [p for p in results[name] if p["rows"]]
+            assert parts and all(p["path"].startswith(f"{folder}/") for p in parts)
+            files = sorted((tmp_path / name / folder).glob("*.parquet"))
+            assert sum(pq.read_table(f).num_rows for f in files) == rows_written(parts)
+    assert rows_written(results["payments"]) == 41
+
+    # Another output's frame, or a writer that differs beyond its window's fields: no fit.
+    assert not plan.fits({**frames, "totals": spark.range(5).selectExpr("id AS k")}, now)
+    other = writers("w3")
+    other[0].schema = pa.schema([pa.field("k", pa.int32())])
+    assert not plan.fits(frames, other)
+    # Run without the window's values, its tasks refuse to write another window's folder.
+    with pytest.raises(Exception, match="without its window's writer values"):
+        with window_params.bound(spark, {"window_id": 2}):
+            plan.run(writers("w4"))
+    assert not (tmp_path / "payments" / "w4").exists()
 
 
 class _MeetingHandle(PartitionHandle):

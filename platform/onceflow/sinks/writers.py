@@ -10,10 +10,15 @@ Several outputs go to the Python workers as one frame: each output's rows packed
 column of its own, tagged with the output's number, in a union of the outputs. So a window
 builds one `mapInArrow` UDF, not one per output (each costs the driver about 30 round trips to
 the JVM, and the task a Python evaluation of its own), and the worker splits each batch by tag.
+
+A run whose windows share one plan (`_window_params`) builds that frame once per slot too
+(`WritersPlan`): a writer names what differs from window to window (a staging table, a folder)
+in `window_fields`, and the task takes those from the window's parameters.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 import uuid
@@ -21,7 +26,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import reduce
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -34,6 +39,8 @@ if TYPE_CHECKING:
     from onceflow.storage import Location
 
 _RESULT_SCHEMA = "writer STRING, result STRING"
+# The window parameter holding a `WritersPlan`'s writer values.
+WRITERS_PARAM = "writers"
 # The tag column of the union of outputs, and the prefix of their struct columns.
 _TAG = "__writers_output"
 
@@ -60,6 +67,29 @@ class PartitionWriter(ABC):
 
     key: str
     output: str
+    #: The attributes that differ from window to window (a staging table's name, a folder). A
+    #: writers' step planned once (`WritersPlan`) is reused for a later window whose writers
+    #: differ in these only; its tasks take them from the window's parameters.
+    window_fields: ClassVar[tuple[str, ...]] = ()
+
+    def window_values(self) -> dict[str, Any]:
+        """This window's values of `window_fields` (JSON-able)."""
+        return {name: getattr(self, name) for name in self.window_fields}
+
+    def for_window(self, values: Mapping[str, Any]) -> PartitionWriter:
+        """A copy with `values` for its `window_fields`."""
+        twin = copy.copy(self)
+        for name in self.window_fields:
+            setattr(twin, name, values[name])
+        return twin
+
+    def same_plan(self, other: PartitionWriter) -> bool:
+        """Whether `other` writes as this one does but for its `window_fields`."""
+
+        def rest(writer: PartitionWriter) -> dict[str, Any]:
+            return {k: v for k, v in vars(writer).items() if k not in writer.window_fields}
+
+        return type(other) is type(self) and rest(other) == rest(self)
 
     @abstractmethod
     def open(self, partition: int) -> PartitionHandle:
@@ -71,11 +101,14 @@ class PartitionWriter(ABC):
         return None
 
 
-def _partition_function(groups: Sequence[Sequence[PartitionWriter]], *, tagged: bool) -> Any:
+def _partition_function(
+    planned: Sequence[Sequence[PartitionWriter]], *, tagged: bool, plan: str | None = None
+) -> Any:
     """The `mapInArrow` function that feeds a partition's batches to the writers.
 
     Untagged, one group takes every batch. Tagged (the union of outputs), group `i` takes the
-    rows tagged `i`, unpacked from their struct column."""
+    rows tagged `i`, unpacked from their struct column. With `plan` (a `WritersPlan`'s id),
+    the writers take their `window_fields` from the window's parameters."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pyarrow as pa
@@ -84,6 +117,7 @@ def _partition_function(groups: Sequence[Sequence[PartitionWriter]], *, tagged: 
 
         context = TaskContext.get()
         partition = context.partitionId() if context is not None else 0
+        groups = planned if plan is None else _for_window(planned, plan)
         handles = [[writer.open(partition) for writer in group] for group in groups]
         for batch in batches:
             for i, group_handles in enumerate(handles):
@@ -103,6 +137,23 @@ def _partition_function(groups: Sequence[Sequence[PartitionWriter]], *, tagged: 
         )
 
     return run
+
+
+def _for_window(
+    groups: Sequence[Sequence[PartitionWriter]], plan: str
+) -> list[list[PartitionWriter]]:
+    """`groups`' writers with the window's values of their `window_fields`, from the parameters
+    of the window whose task runs this."""
+    from onceflow import _window_params
+
+    given = _window_params.current().get(WRITERS_PARAM)
+    if given is None or given.get("plan") != plan:
+        # Never the values a plan was first built with: those name another window's tables.
+        raise RuntimeError(
+            f"the writers' step planned as {plan} ran without its window's writer values."
+        )
+    values = iter(given["values"])
+    return [[writer.for_window(next(values)) for writer in group] for group in groups]
 
 
 def close_all(handles: Sequence[PartitionHandle]) -> list[dict[str, Any]]:
@@ -145,6 +196,16 @@ def run_writers(
         For each writer's key, its results, one per partition of its output (and each `also`
         row under its writer name).
     """
+    return _collect(_writers_frame(outputs, writers, also), writers)
+
+
+def _writers_frame(
+    outputs: Mapping[str, DataFrame],
+    writers: Sequence[PartitionWriter],
+    also: Sequence[DataFrame],
+    plan: str | None = None,
+) -> DataFrame | None:
+    """The frame of `run_writers`' one Spark job (None: nothing to run)."""
     keys = [w.key for w in writers]
     if len(set(keys)) != len(keys):
         raise ValueError(f"writer keys must be unique, got {keys}")
@@ -158,7 +219,8 @@ def run_writers(
         needed = _needed(df, group)
         if needed != df.columns:  # a select is one more operation to plan
             df = df.select(*needed)
-        frames.append(df.mapInArrow(_partition_function([group], tagged=False), _RESULT_SCHEMA))
+        function = _partition_function([group], tagged=False, plan=plan)
+        frames.append(df.mapInArrow(function, _RESULT_SCHEMA))
     elif by_output:
         groups = list(by_output.items())
         tagged = [
@@ -172,15 +234,73 @@ def run_writers(
             for i, (name, group) in enumerate(groups)
         ]
         union = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), tagged)
-        function = _partition_function([g for _, g in groups], tagged=True)
+        function = _partition_function([g for _, g in groups], tagged=True, plan=plan)
         frames.append(union.mapInArrow(function, _RESULT_SCHEMA))
     frames += list(also)
-    results: dict[str, list[dict[str, Any]]] = {key: [] for key in keys}
-    if not frames:
+    return reduce(lambda a, b: a.unionAll(b), frames) if frames else None
+
+
+def _collect(
+    frame: DataFrame | None, writers: Sequence[PartitionWriter]
+) -> dict[str, list[dict[str, Any]]]:
+    results: dict[str, list[dict[str, Any]]] = {w.key: [] for w in writers}
+    if frame is None:
         return results
-    for row in reduce(lambda a, b: a.unionAll(b), frames).collect():
+    for row in frame.collect():
         results.setdefault(row["writer"], []).append(json.loads(row["result"]))
     return results
+
+
+class WritersPlan:
+    """`run_writers`' frame built once and run again for later windows of a run whose
+    outputs share one plan (the same frames, their steps reading the window from its
+    parameters). The writers are grouped by output in the order of the writers it was built
+    with; a later window's writers must match them but for their `window_fields`
+    (`fits`), and its Spark job must run with `params` among the window's parameters.
+
+    Each run is a new query over the same analysed plan (`alias`), so Spark plans it again
+    against the cache as it is then (the window's cached rows are new each window); what is
+    saved is building the frame, about 70 round trips to the JVM and an analysis per step.
+    """
+
+    def __init__(
+        self,
+        outputs: Mapping[str, DataFrame],
+        writers: Sequence[PartitionWriter],
+        also: Sequence[DataFrame] = (),
+    ) -> None:
+        self.id = uuid.uuid4().hex
+        self.outputs = dict(outputs)
+        self.writers = list(writers)
+        self._order = _grouped(self.writers)
+        self._frame = _writers_frame(outputs, writers, also, plan=self.id)
+
+    def fits(self, outputs: Mapping[str, DataFrame], writers: Sequence[PartitionWriter]) -> bool:
+        """Whether the plan writes `writers` from `outputs` (the very frames it was built on)."""
+        return (
+            outputs.keys() == self.outputs.keys()
+            and all(outputs[name] is df for name, df in self.outputs.items())
+            and len(writers) == len(self.writers)
+            and all(a.same_plan(b) for a, b in zip(self.writers, writers, strict=True))
+        )
+
+    def params(self, writers: Sequence[PartitionWriter]) -> dict[str, Any]:
+        """The window parameter (under WRITERS_PARAM) that gives the tasks `writers`' values."""
+        return {"plan": self.id, "values": [writers[i].window_values() for i in self._order]}
+
+    def run(self, writers: Sequence[PartitionWriter]) -> dict[str, list[dict[str, Any]]]:
+        """Run the job for `writers` (inside `_window_params.bound` with `params(writers)`)."""
+        frame = self._frame.alias("writers") if self._frame is not None else None
+        return _collect(frame, writers)
+
+
+def _grouped(writers: Sequence[PartitionWriter]) -> list[int]:
+    """The positions of `writers` in the order `_writers_frame` passes them to its function:
+    by output, outputs in order of first appearance."""
+    by_output: dict[str, list[int]] = {}
+    for i, writer in enumerate(writers):
+        by_output.setdefault(writer.output, []).append(i)
+    return [i for group in by_output.values() for i in group]
 
 
 def rows_written(results: Sequence[Mapping[str, Any]]) -> int:
@@ -196,6 +316,8 @@ class ParquetFileWriter(PartitionWriter):
     files are visible to readers only once the driver commits them, a stage's once its marker
     names them.
     """
+
+    window_fields = ("folder",)
 
     def __init__(
         self, key: str, output: str, table: Location, folder: str, schema: pa.Schema

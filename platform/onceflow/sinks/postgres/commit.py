@@ -221,6 +221,8 @@ class CopyWriter(PartitionWriter):
     the authority.
     """
 
+    window_fields = ("key", "table")
+
     def __init__(
         self,
         key: str,
