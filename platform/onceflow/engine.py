@@ -672,30 +672,23 @@ class Engine:
                 type(exc).__name__,
             )
         with out.bound(self._spark):
-            return self._write_each(window, out, writers, writes)
-
-    def _write_each(
-        self,
-        window: Window,
-        out: WindowOutputs,
-        writers: list[PartitionWriter],
-        writes: list[tuple[SinkGroup, WindowWrite]],
-    ) -> dict[str, list[dict[str, Any]]]:
-        out.count()
-        grouped = [write.writers for _, write in writes]
-        grouped.append([w for w in writers if not any(w in g for g in grouped)])
-        results: dict[str, list[dict[str, Any]]] = {}
-        for group_writers in grouped:
-            try:
-                results.update(run_writers(out.frames, group_writers))
-            except Exception as exc:
-                # A server that is gone is named as such (after its retries), not as a write.
-                self.ledger.read("reach the server after a failed write", lambda c: c.execute(";"))
-                raise TransientSinkError(
-                    f"window {window.window_id}: writing its rows failed on an executor "
-                    f"({type(exc).__name__}); nothing was committed. Run the job again."
-                ) from None
-        return results
+            out.count()
+            grouped = [write.writers for _, write in writes]
+            grouped.append([w for w in writers if not any(w in g for g in grouped)])
+            results: dict[str, list[dict[str, Any]]] = {}
+            for group_writers in grouped:
+                try:
+                    results.update(run_writers(out.frames, group_writers))
+                except Exception as exc:
+                    # A server that is gone is named as such (after its retries), not as a write.
+                    self.ledger.read(
+                        "reach the server after a failed write", lambda c: c.execute(";")
+                    )
+                    raise TransientSinkError(
+                        f"window {window.window_id}: writing its rows failed on an executor "
+                        f"({type(exc).__name__}); nothing was committed. Run the job again."
+                    ) from None
+            return results
 
     def _complete(
         self,
