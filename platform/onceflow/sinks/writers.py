@@ -209,9 +209,7 @@ def _writers_frame(
     keys = [w.key for w in writers]
     if len(set(keys)) != len(keys):
         raise ValueError(f"writer keys must be unique, got {keys}")
-    by_output: dict[str, list[PartitionWriter]] = {}
-    for writer in writers:
-        by_output.setdefault(writer.output, []).append(writer)
+    by_output = _by_output(writers)
     frames = []
     if len(by_output) == 1:
         [(name, group)] = by_output.items()
@@ -272,7 +270,6 @@ class WritersPlan:
         self.id = uuid.uuid4().hex
         self.outputs = dict(outputs)
         self.writers = list(writers)
-        self._order = _grouped(self.writers)
         self._frame = _writers_frame(outputs, writers, also, plan=self.id)
 
     def fits(self, outputs: Mapping[str, DataFrame], writers: Sequence[PartitionWriter]) -> bool:
@@ -286,7 +283,8 @@ class WritersPlan:
 
     def params(self, writers: Sequence[PartitionWriter]) -> dict[str, Any]:
         """The window parameter (under WRITERS_PARAM) that gives the tasks `writers`' values."""
-        return {"plan": self.id, "values": [writers[i].window_values() for i in self._order]}
+        groups = _by_output(writers).values()
+        return {"plan": self.id, "values": [w.window_values() for g in groups for w in g]}
 
     def run(self, writers: Sequence[PartitionWriter]) -> dict[str, list[dict[str, Any]]]:
         """Run the job for `writers` (inside `_window_params.bound` with `params(writers)`)."""
@@ -294,13 +292,13 @@ class WritersPlan:
         return _collect(frame, writers)
 
 
-def _grouped(writers: Sequence[PartitionWriter]) -> list[int]:
-    """The positions of `writers` in the order `_writers_frame` passes them to its function:
-    by output, outputs in order of first appearance."""
-    by_output: dict[str, list[int]] = {}
-    for i, writer in enumerate(writers):
-        by_output.setdefault(writer.output, []).append(i)
-    return [i for group in by_output.values() for i in group]
+def _by_output(writers: Sequence[PartitionWriter]) -> dict[str, list[PartitionWriter]]:
+    """`writers` by output, outputs in order of first appearance: the order the writers'
+    function takes them in."""
+    by_output: dict[str, list[PartitionWriter]] = {}
+    for writer in writers:
+        by_output.setdefault(writer.output, []).append(writer)
+    return by_output
 
 
 def rows_written(results: Sequence[Mapping[str, Any]]) -> int:
