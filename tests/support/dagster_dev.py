@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -27,6 +28,10 @@ SERVER_TIMEOUT_S = 180
 CODE_LOCATION_TIMEOUT_S = 120
 _SELECTOR = f'repositoryLocationName: "{LOCATION}", repositoryName: "__repository__"'
 FINISHED = ("SUCCESS", "FAILURE", "CANCELED")
+LOG_TAIL_LINES = 120
+# Tags a failure's report shows for each run: onceflow's own and Dagster's retry verdict.
+_DESCRIBED_TAGS = ("onceflow/", "dagster/will_retry", "dagster/retry_number", "dagster/sensor")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def free_port() -> int:
@@ -282,6 +287,31 @@ class DagsterDev:
             key=name,
         )["instance"]["concurrencyLimit"]
 
+    def describe(self, log_lines: int = LOG_TAIL_LINES) -> str:
+        """What the instance holds and did last, for a failure's report: every run (oldest
+        first, with the tags that say why it ran) and the last of Dagster's lines in the log."""
+        try:
+            runs = self.runs()
+        except Exception as exc:  # the server may be what failed
+            lines = [f"runs: unreadable ({exc!r})"]
+        else:
+            lines = [f"runs ({len(runs)}):"]
+            for r in reversed(runs):
+                tags = {k: v for k, v in r["tags"].items() if k.startswith(_DESCRIBED_TAGS)}
+                lines.append(
+                    f"  {r['runId'][:8]} {r['jobName']} {r['status']}"
+                    f" root={(r['rootRunId'] or '-')[:8]} parent={(r['parentRunId'] or '-')[:8]}"
+                    f" created={r['creationTime']:.0f} start={r['startTime'] or 0:.0f}"
+                    f" end={r['endTime'] or 0:.0f} {tags}"
+                )
+        self._log.flush()
+        text = _ANSI.sub("", self.log_path.read_text(errors="replace"))
+        # Dagster's own lines (daemon, run events), not the Spark output between them.
+        tail = [line for line in text.splitlines() if " - dagster" in line][-log_lines:]
+        lines.append(f"last {len(tail)} lines of Dagster's own in {self.log_path}:")
+        lines.extend("  " + line for line in tail)
+        return "\n".join(lines)
+
     def close(self) -> None:
         stop_group(self.proc, grace_s=20)
         self._log.close()
@@ -289,10 +319,17 @@ class DagsterDev:
 
 @contextmanager
 def running_dagster_dev(env: dict[str, str], log: Path) -> Iterator[DagsterDev]:
-    """`dagster dev` with its code location loaded; the whole process group ends on exit."""
+    """`dagster dev` with its code location loaded; the whole process group ends on exit.
+
+    A failure inside carries the instance's runs and the log's tail as a note, so a report
+    (CI's included, whose folders are gone) says what Dagster was doing.
+    """
     server = DagsterDev(env, log)
     try:
         server.wait_ready()
         yield server
+    except Exception as exc:
+        exc.add_note(server.describe())
+        raise
     finally:
         server.close()
