@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import io
 
 import psycopg
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pytest
 from psycopg import sql
 
 from onceflow.sinks.postgres.commit import (
@@ -14,6 +18,7 @@ from onceflow.sinks.postgres.commit import (
     _key_is_unique,
     _save_contribution,
     _summed,
+    _utc_as_text,
     has_contribution,
 )
 from onceflow.sinks.postgres.spec import PostgresSink
@@ -262,3 +267,56 @@ def test_accumulating_gives_the_same_table_with_or_without_a_unique_key(pg_dsn: 
         [("m5", "EUR", 18 * 10**18, 2)],
     ]
     assert recorded[", PRIMARY KEY (merchant_id, currency)"] == recorded[""] == sums
+
+
+def _csv(table: pa.Table) -> bytes:
+    buffer = io.BytesIO()
+    options = pacsv.WriteOptions(include_header=False, quoting_style="needed")
+    pacsv.write_csv(table, buffer, options)
+    return buffer.getvalue()
+
+
+# Seconds since the epoch: before it, on it, a leap day, and the ends of PostgreSQL's range
+# that every unit can hold.
+_MOMENTS = [-62135596800, -86400 * 365 * 70 - 1, -1, 0, 1, 951868799, 1709251199, 4102444800]
+
+
+@pytest.mark.parametrize("unit", ["s", "ms", "us", "ns"])
+def test_utc_timestamps_reach_postgresql_as_the_csv_writer_would_print_them(
+    pg_dsn: str, unit: str
+) -> None:
+    per_second = {"s": 1, "ms": 10**3, "us": 10**6, "ns": 10**9}[unit]
+    moments = [m for m in _MOMENTS if unit != "ns" or abs(m) < 9 * 10**9]
+    values = [m * per_second + (7 * per_second // 9) for m in moments] + [None]
+    at = pa.array(values, pa.timestamp(unit, tz="UTC"))
+    # One column three times, into a timestamptz, a timestamp and a text column.
+    table = pa.table({"at": at, "wall": at, "txt": at, "n": range(len(values))})
+
+    texted = _utc_as_text(table)
+
+    assert {texted.schema.field(c).type for c in ("at", "wall", "txt")} == {pa.string()}
+    # The same text, quoted as strings are.
+    assert _csv(texted).replace(b'"', b"") == _csv(table)
+    with psycopg.connect(pg_dsn) as conn:
+        conn.execute("SET TimeZone = 'Asia/Tokyo'")  # the text carries its own zone
+        for name in ("writer", "texted"):
+            conn.execute(
+                sql.SQL(
+                    "CREATE TEMPORARY TABLE {} (at timestamptz, wall timestamp, txt text, n int)"
+                ).format(sql.Identifier(name))
+            )
+        for name, data in (("writer", _csv(table)), ("texted", _csv(texted))):
+            statement = sql.SQL("COPY {} FROM STDIN (FORMAT csv)").format(sql.Identifier(name))
+            with conn.cursor().copy(statement) as copy:
+                copy.write(data)
+        writer = conn.execute("SELECT * FROM writer ORDER BY n").fetchall()
+        texted_rows = conn.execute("SELECT * FROM texted ORDER BY n").fetchall()
+    assert len(writer) == len(values)
+    assert texted_rows == writer
+    assert writer[-1][:3] == (None, None, None)
+
+
+@pytest.mark.parametrize("zone", ["Etc/UTC", "Asia/Kolkata"])
+def test_timestamps_of_another_zone_are_left_to_the_csv_writer(zone: str) -> None:
+    table = pa.table({"at": pa.array([0, None], pa.timestamp("us", tz=zone))})
+    assert _utc_as_text(table) == table
