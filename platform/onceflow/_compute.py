@@ -44,6 +44,11 @@ class Computed:
     `parsed` is persisted (memory, then local disk) so every output and every sink reads it
     once, and so is `kept` unless it is `parsed` filtered by `kept_where` (SQL); `release`
     frees them.
+
+    A plan for any window keeps its cache entries from window to window (`cache_kept`): its
+    rows are dropped (`release`) and cached again (`persist`) in the very RDDs Spark made for
+    them, so a query Spark planned once over them reads each window's rows, never planned
+    again. `forget` drops the entries with the plan.
     """
 
     parsed: DataFrame
@@ -54,6 +59,9 @@ class Computed:
     #: its parameters (`_window_params`), the transform read no `ctx.window_id` and the outputs
     #: read nothing but the window's rows.
     any_window: bool = False
+    # The JVM RDDs holding the cached rows once found (`_cache_rdds`); empty: not yet, or the
+    # session cannot give them (then the entries are dropped and made anew each window).
+    _rdds: list[Any] = dataclasses.field(default_factory=list, repr=False, compare=False)
 
     def counts_frame(self) -> DataFrame:
         """Rows `(writer, result)` as `sinks.writers.run_writers` returns them: writer COUNTS,
@@ -81,20 +89,68 @@ class Computed:
         )
         return read.unionAll(kept)
 
+    def _cached_frames(self) -> list[DataFrame]:
+        return [self.parsed] if self.kept_where is not None else [self.parsed, self.kept]
+
+    @property
+    def cache_kept(self) -> bool:
+        """Whether the cache entries stay from window to window (queries over them planned
+        once stay right); found on first use."""
+        if self.any_window and not self._rdds:
+            self._rdds.extend(_cache_rdds(self._cached_frames()))
+        return bool(self._rdds)
+
     def persist(self) -> None:
         """Cache the intermediates again after `release` (a plan reused for a new window)."""
-        self.parsed.persist(StorageLevel.MEMORY_AND_DISK)
-        if self.kept_where is None:
-            self.kept.persist(StorageLevel.MEMORY_AND_DISK)
+        if self.cache_kept:
+            level = _jvm_storage_level(self.parsed, StorageLevel.MEMORY_AND_DISK)
+            for rdd in self._rdds:
+                rdd.persist(level)
+            return
+        for df in self._cached_frames():
+            df.persist(StorageLevel.MEMORY_AND_DISK)
 
     @property
     def cached(self) -> bool:
+        if self.cache_kept:
+            return any(rdd.getStorageLevel().isValid() for rdd in self._rdds)
         return bool(self.parsed.is_cached)
 
     def release(self) -> None:
-        if self.kept_where is None:
-            self.kept.unpersist()
-        self.parsed.unpersist()
+        """Drop the cached rows (a plan for any window keeps its entries: see the class)."""
+        if self.cache_kept:
+            for rdd in self._rdds:
+                rdd.unpersist(True)
+            return
+        self.forget()
+
+    def forget(self) -> None:
+        """Drop the cached rows and their cache entries."""
+        self._rdds.clear()
+        for df in reversed(self._cached_frames()):
+            df.unpersist()
+
+
+def _cache_rdds(frames: Sequence[DataFrame]) -> list[Any]:
+    """The JVM RDDs that hold `frames`' cached rows (Spark builds them on first use, and every
+    query planned over the frames reads these); empty if the session cannot give them."""
+    from py4j.protocol import Py4JError
+
+    try:
+        manager = frames[0].sparkSession._jsparkSession.sharedState().cacheManager()
+        rdds = []
+        for df in frames:
+            entry = manager.lookupCachedData(df._jdf)
+            if entry.isEmpty():
+                return []
+            rdds.append(entry.get().cachedRepresentation().cacheBuilder().cachedColumnBuffers())
+    except (Py4JError, AttributeError):  # another Spark's internals: entries made anew
+        return []
+    return rdds
+
+
+def _jvm_storage_level(df: DataFrame, level: StorageLevel) -> Any:
+    return df.sparkSession.sparkContext._getJavaStorageLevel(level)
 
 
 def _parsed(

@@ -502,8 +502,20 @@ class Engine:
         it stops when `stop` is set or `limit` windows are done.
         """
         # The ledger's sessions are reused from window to window and closed at the end.
-        with self.ledger.sessions.kept():
-            return self._process_windows(windows, epoch, run_id, done, stop=stop, limit=limit)
+        try:
+            with self.ledger.sessions.kept():
+                return self._process_windows(windows, epoch, run_id, done, stop=stop, limit=limit)
+        finally:
+            self._forget_plans()
+
+    def _forget_plans(self) -> None:
+        """Drop the windows' plans and their cache entries (the next windows plan anew)."""
+        if self._planned:
+            for out in self._planned.values():
+                if out.computed is not None:
+                    out.computed.forget()
+            self._planned = {}
+        self._planned_writes.clear()
 
     def _process_windows(
         self,
@@ -663,8 +675,9 @@ class Engine:
             if plan is None or not plan.fits(out.frames, writers):
                 plan = WritersPlan(out.frames, writers, out.count_frames(writers))
                 self._planned_writes[out.slot] = plan
+            cache_kept = out.computed is not None and out.computed.cache_kept
             with out.bound(self._spark, plan, writers):
-                return plan.run(writers)
+                return plan.run(writers, cache_kept=cache_kept)
         except Exception as exc:
             _log.warning(
                 "window %d: the write job failed (%s); writing each sink group on its own",
@@ -732,15 +745,18 @@ class Engine:
         windows = {w.window_id: w for w in self.ledger.windows()}
         lacking = self._lacking(list(windows.values()))
         gone: set[int] = set()
-        for wid in sorted({wid for wids in lacking.values() for wid in wids}):
-            window = windows[wid]
-            stage = WindowStage(self.settings.lake, self.job.name, wid, window.offsets)
-            problems = self.job.source.check_available(self.settings, window.offsets)
-            if problems and stage.complete() is None:
-                _log.warning("window %d cannot be replayed: %s", wid, "; ".join(problems[:3]))
-                gone.add(wid)
-                continue
-            self.process_window(window, epoch, run_id)
+        try:
+            for wid in sorted({wid for wids in lacking.values() for wid in wids}):
+                window = windows[wid]
+                stage = WindowStage(self.settings.lake, self.job.name, wid, window.offsets)
+                problems = self.job.source.check_available(self.settings, window.offsets)
+                if problems and stage.complete() is None:
+                    _log.warning("window %d cannot be replayed: %s", wid, "; ".join(problems[:3]))
+                    gone.add(wid)
+                    continue
+                self.process_window(window, epoch, run_id)
+        finally:
+            self._forget_plans()
         replayed = Replayed()
         for sink, ids in lacking.items():
             for wid in ids:
@@ -934,7 +950,7 @@ class Engine:
         if dedupe is not None:
             state = self.job.sink(dedupe.state_sink)
             if "_window_id" not in frames[state.output].columns:
-                computed.release()
+                computed.forget()
                 raise ConfigurationError(
                     f"sink {state.name} holds the job's dedupe state, but its rows have no "
                     "`_window_id` column; add it in the transform (the window's id, from ctx)."

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -103,11 +104,11 @@ def _outputs(events: DataFrame) -> Mapping[str, DataFrame]:
     return {"events": events, "totals": totals}
 
 
-def _job(transform, name: str) -> Job:
+def _job(transform, name: str, parse=_parse) -> Job:
     return Job(
         name=name,
         source=LandingSource(folder=name, suffix=".txt"),
-        parse=ArrowParse(_parse, PARSED, keeps_order=True),
+        parse=ArrowParse(parse, PARSED, keeps_order=True),
         transform=transform,
         deterministic=True,
         dedupe=Dedupe(key=("event_id",), state_sink="lake_events"),
@@ -161,10 +162,20 @@ def _expected() -> tuple[Counter, dict[str, tuple[int, int]]]:
     return Counter((e, t, p, w) for e, (t, p, w) in seen.items()), totals
 
 
-def _run(spark, pg_dsn: str, tmp_path: Path, lake: Path, landing: Path, transform, name: str):
+def _run(
+    spark,
+    pg_dsn: str,
+    tmp_path: Path,
+    lake: Path,
+    landing: Path,
+    transform,
+    name: str,
+    parse=_parse,
+):
     _land(landing, name)
     settings = Settings(home=tmp_path / "home", postgres_dsn=pg_dsn, lake=lake, landing=landing)
-    result = Engine(_job(transform, name), settings, spark, pg_dsn).run(max_units_per_window=1)
+    job = _job(transform, name, parse)
+    result = Engine(job, settings, spark, pg_dsn).run(max_units_per_window=1)
     assert [w.window_id for w in result.windows] == list(range(1, len(WINDOWS) + 1))
     assert [w.stats["rows_in"] - w.stats["valid"] for w in result.windows] == [1, 0, 0, 0, 1, 0]
     assert [w.stats["duplicates"] for w in result.windows] == [1, 0, 2, 1, 0, 1]
@@ -200,6 +211,38 @@ def test_a_run_plans_once_per_slot_and_each_window_computes_its_own_rows(
     _run(spark, pg_dsn, tmp_path, lake, landing, planning.by_column, "slots")
     assert planning.calls == 2  # one plan a slot, for six windows
     assert len(built) == 2  # and one writers' step a slot
+
+
+@dataclass(frozen=True)
+class _ParseLogged:
+    """`_parse`, noting in `log` (one line a batch, on the executors) which file it parsed."""
+
+    log: str
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            with open(self.log, "a") as out:
+                out.writelines(
+                    f"{name}\n" for name in set(batch.column("_source_file").to_pylist())
+                )
+            yield from _parse(iter([batch]))
+
+
+def test_a_slots_plan_reads_each_windows_rows_once_and_leaves_no_cache_behind(
+    spark, pg_dsn: str, tmp_path: Path, lake: Path, landing: Path
+) -> None:
+    """The plan Spark makes for a slot's first window runs again for its later windows: each
+    window's parsed rows are cached again in the same cache entries, so every output reads them
+    from there (parsing each file once), and the entries go with the run."""
+    log = tmp_path / "parsed.log"
+    manager = spark._jsparkSession.sharedState().cacheManager()
+    entries = manager.numCachedEntries()
+    _run(
+        spark, pg_dsn, tmp_path, lake, landing, Planning().by_column, "once", _ParseLogged(str(log))
+    )
+    parsed = Counter(log.read_text().split())
+    assert parsed == Counter({f"once/f{i}.txt": 1 for i in range(len(WINDOWS))})
+    assert manager.numCachedEntries() == entries
 
 
 def test_a_context_read_in_a_task_is_the_tasks_window(

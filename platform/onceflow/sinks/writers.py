@@ -256,9 +256,11 @@ class WritersPlan:
     with; a later window's writers must match them but for their `window_fields`
     (`fits`), and its Spark job must run with `params` among the window's parameters.
 
-    Each run is a new query over the same analysed plan (`alias`), so Spark plans it again
-    against the cache as it is then (the window's cached rows are new each window); what is
-    saved is building the frame, about 70 round trips to the JVM and an analysis per step.
+    Where the frames' cache entries stay from window to window (`run`'s `cache_kept`), the
+    query is planned once: each run executes the same physical plan, which reads the window's
+    rows cached again in the same entries. Otherwise each run is a new query over the same
+    analysed plan (`alias`), so Spark plans it again against the cache as it is then; what is
+    saved then is building the frame, about 70 round trips to the JVM and an analysis per step.
     """
 
     def __init__(
@@ -286,9 +288,16 @@ class WritersPlan:
         groups = _by_output(writers).values()
         return {"plan": self.id, "values": [w.window_values() for g in groups for w in g]}
 
-    def run(self, writers: Sequence[PartitionWriter]) -> dict[str, list[dict[str, Any]]]:
-        """Run the job for `writers` (inside `_window_params.bound` with `params(writers)`)."""
-        frame = self._frame.alias("writers") if self._frame is not None else None
+    def run(
+        self, writers: Sequence[PartitionWriter], *, cache_kept: bool = False
+    ) -> dict[str, list[dict[str, Any]]]:
+        """Run the job for `writers` (inside `_window_params.bound` with `params(writers)`).
+
+        `cache_kept`: the cache entries the plan reads are the ones it was first run with
+        (their rows cached again for this window), so Spark's plan of the first run holds."""
+        frame = self._frame
+        if frame is not None and not cache_kept:
+            frame = frame.alias("writers")
         return _collect(frame, writers)
 
 
