@@ -7,7 +7,7 @@ database and lake each time, after a two-window warm-up) and prints, per repeat:
 - per window, the driver's time in preparing (planning, the window's Spark job) and in
   committing, which overlap (the engine prepares window N+1 while N commits);
 - the window's Spark jobs, from Spark's event log: how many, their wall time and the JVM CPU
-  of their tasks;
+  of their tasks, and Spark's own work on each job's query before the job starts;
 - how many classes Spark's code generation compiled (none a window once each window's plan
   generates code Spark has compiled before);
 - CPU seconds by process (the Spark JVM, its Python workers, this driver, the PostgreSQL server
@@ -253,10 +253,14 @@ def call_site() -> str:
     return f"{site} -> {called.name}" if called is not None else site
 
 
-def spark_jobs(event_dir: Path, after: int) -> list[tuple[int, int, int]]:
-    """(job id, wall ms, task JVM CPU ms) of the jobs with an id above `after`."""
+def spark_jobs(event_dir: Path, after: int) -> list[tuple[int, int, int, int | None]]:
+    """(job id, wall ms, task JVM CPU ms, ms from its query's start to the job's) of the jobs
+    with an id above `after`. The last is Spark's own work on the query before the job
+    (optimising and planning it, its description, code generation, building its RDDs); None
+    for a job outside a query."""
     jobs: dict[int, dict[str, Any]] = {}
     stage_job: dict[int, int] = {}
+    queries: dict[int, int] = {}
     for path in event_dir.glob("*/*"):
         with path.open() as lines:
             for line in lines:
@@ -265,8 +269,15 @@ def spark_jobs(event_dir: Path, after: int) -> list[tuple[int, int, int]]:
                 except ValueError:  # the line Spark is writing now
                     continue
                 kind = event["Event"]
-                if kind == "SparkListenerJobStart" and event["Job ID"] > after:
-                    jobs[event["Job ID"]] = {"start": event["Submission Time"], "cpu": 0}
+                if kind.endswith("SparkListenerSQLExecutionStart"):
+                    queries[event["executionId"]] = event["time"]
+                elif kind == "SparkListenerJobStart" and event["Job ID"] > after:
+                    query = (event.get("Properties") or {}).get("spark.sql.execution.id")
+                    jobs[event["Job ID"]] = {
+                        "start": event["Submission Time"],
+                        "cpu": 0,
+                        "query": None if query is None else int(query),
+                    }
                     for stage in event["Stage IDs"]:
                         stage_job[stage] = event["Job ID"]
                 elif kind == "SparkListenerJobEnd" and event["Job ID"] in jobs:
@@ -275,7 +286,16 @@ def spark_jobs(event_dir: Path, after: int) -> list[tuple[int, int, int]]:
                     metrics = event.get("Task Metrics") or {}
                     cpu_ms = metrics.get("Executor CPU Time", 0) // 1_000_000
                     jobs[stage_job[event["Stage ID"]]]["cpu"] += cpu_ms
-    return [(jid, j["end"] - j["start"], j["cpu"]) for jid, j in sorted(jobs.items()) if "end" in j]
+    return [
+        (
+            jid,
+            j["end"] - j["start"],
+            j["cpu"],
+            j["start"] - queries[j["query"]] if j["query"] in queries else None,
+        )
+        for jid, j in sorted(jobs.items())
+        if "end" in j
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -427,7 +447,7 @@ class StatementTimer(Timers):
 class Usage:
     """What one profiled run used: its Spark jobs, CPU by process and JVM thread, the machine."""
 
-    jobs: list[tuple[int, int, int]]
+    jobs: list[tuple[int, int, int, int | None]]
     cpu: collections.Counter[str]
     threads: collections.Counter[str]
     busy_s: float
@@ -483,6 +503,13 @@ def report(windows: int, seconds: float, usage: Usage, timers: Timers | None = N
             f"wall {statistics.median(walls):.0f} ms, median task JVM CPU "
             f"{statistics.median(cpus):.0f} ms"
         )
+        before = [j[3] for j in usage.jobs if j[3] is not None]
+        if before:
+            print(
+                f"  Spark's own work on a job's query before the job starts (optimiser, "
+                f"physical plan, code generation, RDDs): median {statistics.median(before):.0f} "
+                f"ms, max {max(before)} ms"
+            )
     cpu = usage.cpu
     print(
         f"  CPU seconds: {sum(cpu.values()):.1f} ({sum(cpu.values()) / windows:.2f} a window): "
