@@ -1,5 +1,5 @@
-"""onceflow.sinks.postgres.commit: the protocol tables, an accumulating sink's contributions, an
-upsert sink's rows and the executors' COPY into staging."""
+"""onceflow.sinks.postgres.commit: the protocol tables, an accumulating sink's contributions and
+the executors' COPY into staging."""
 
 from __future__ import annotations
 
@@ -17,9 +17,7 @@ from psycopg import sql
 from onceflow.sinks.postgres.commit import (
     PROTOCOL_DDL,
     CopyWriter,
-    NewKeys,
     _accumulate,
-    _apply,
     _contribution,
     _key_is_unique,
     _save_contribution,
@@ -326,81 +324,6 @@ def test_utc_timestamps_reach_postgresql_as_the_csv_writer_would_print_them(
 def test_timestamps_of_another_zone_are_left_to_the_csv_writer(zone: str) -> None:
     table = pa.table({"at": pa.array([0, None], pa.timestamp("us", tz=zone))})
     assert _utc_as_text(table) == table
-
-
-EVENTS = PostgresSink(
-    name="events",
-    output="events",
-    table="events_target",
-    columns={"id": "text", "v": "bigint", "_window_id": "bigint"},
-    key=("id",),
-    mode="upsert",
-    window_column="_window_id",
-)
-
-
-def _stage_events(conn: psycopg.Connection, rows: list[tuple[str, int, int]]) -> None:
-    conn.execute("CREATE SCHEMA IF NOT EXISTS onceflow")
-    conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(STAGING))
-    conn.execute(sql.SQL("CREATE TABLE {} (id text, v bigint, _window_id bigint)").format(STAGING))
-    with conn.cursor().copy(sql.SQL("COPY {} FROM STDIN").format(STAGING)) as copy:
-        for row in rows:
-            copy.write_row(row)
-
-
-def test_upserts_tried_as_new_rows_give_the_upserts_table(pg_dsn: str) -> None:
-    """Windows of new keys go in as a plain insert; a window that meets held keys (and a replay
-    of an earlier window after a later one) falls back to the upsert: the table and the counts
-    are the upsert's own, window by window."""
-    windows = [
-        (1, [("a", 1, 1), ("b", 2, 1)]),  # new keys
-        (2, [("c", 3, 2), ("a", 10, 2)]),  # one held key: the upsert
-        (3, [("d", 4, 3)]),  # new again, but the sink met a held key: the upsert
-        (1, [("a", 1, 1), ("b", 2, 1)]),  # window 1 replayed: window 2's "a" stays
-    ]
-    outcomes, tables = {}, {}
-    with psycopg.connect(pg_dsn) as conn:
-        for tried in (True, False):
-            conn.execute("DROP TABLE IF EXISTS events_target")
-            conn.execute(
-                "CREATE TABLE events_target (id text PRIMARY KEY, v bigint, _window_id bigint)"
-            )
-            new_keys = NewKeys() if tried else None
-            results = []
-            for window_id, rows in windows:
-                _stage_events(conn, rows)
-                results.append(_apply(conn, EVENTS, STAGING, "j", window_id, new_keys))
-            outcomes[tried] = results
-            tables[tried] = conn.execute("SELECT * FROM events_target ORDER BY id").fetchall()
-        conn.rollback()
-    # The replay rewrites "b" only: the later window's "a" is not its to replace.
-    assert outcomes[True] == outcomes[False] == [(2, 2), (2, 1), (1, 1), (1, 0)]
-    expected = [("a", 10, 2), ("b", 2, 1), ("c", 3, 2), ("d", 4, 3)]
-    assert tables[True] == tables[False] == expected
-
-
-def test_a_table_without_a_unique_key_refuses_an_upsert_tried_as_new_rows(pg_dsn: str) -> None:
-    """A plain insert would take any rows; the upsert's refusal (no unique key for ON CONFLICT)
-    must stand, with nothing inserted."""
-    with psycopg.connect(pg_dsn) as conn:
-        conn.execute("DROP TABLE IF EXISTS events_target")
-        conn.execute("CREATE TABLE events_target (id text, v bigint, _window_id bigint)")
-        conn.execute("INSERT INTO events_target VALUES ('a', 1, 1)")
-        _stage_events(conn, [("a", 5, 2), ("b", 6, 2)])
-        with pytest.raises(psycopg.errors.InvalidColumnReference):
-            _apply(conn, EVENTS, STAGING, "j", 2, NewKeys())
-        conn.rollback()
-
-
-def test_a_sink_that_met_held_keys_is_tried_as_new_rows_again_now_and_then() -> None:
-    new_keys = NewKeys()
-    assert new_keys.likely("s")
-    new_keys.found("s", all_new=False)
-    tried = [new_keys.likely("s") for _ in range(2 * NewKeys.RETRY_EVERY)]
-    assert tried.count(True) == 2 and tried[NewKeys.RETRY_EVERY - 1]
-    new_keys.found("s", all_new=True)
-    assert new_keys.likely("s") and new_keys.likely("s")
-    assert new_keys.likely("other")
 
 
 def _copy_target(conn: psycopg.Connection, table: str) -> None:

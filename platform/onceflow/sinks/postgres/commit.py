@@ -461,7 +461,6 @@ class Transaction:
         self.job = job
         self._dsn = dsn
         self.ledger = ledger
-        self._new_keys = NewKeys()
 
     # -- staging ------------------------------------------------------------------------------
 
@@ -615,9 +614,7 @@ class Transaction:
                     continue
                 self._check_staged(conn, item)
                 if restate_seq is None:
-                    rows, added = _apply(
-                        conn, item.spec, item.ident, self.job, window_id, self._new_keys
-                    )
+                    rows, added = _apply(conn, item.spec, item.ident, self.job, window_id)
                 else:
                     rows, added = _restate(conn, item.spec, item.ident, self.job, window_id)
                 # The marker records the rows the window added to the table, so the table's
@@ -745,17 +742,9 @@ def _keys_match(spec: PostgresSink, left: str, right: str) -> sql.Composable:
 
 
 def _apply(
-    conn: psycopg.Connection,
-    spec: PostgresSink,
-    staging: sql.Composable,
-    job: str,
-    window_id: int,
-    new_keys: NewKeys | None = None,
+    conn: psycopg.Connection, spec: PostgresSink, staging: sql.Composable, job: str, window_id: int
 ) -> tuple[int, int]:
-    """Move the staged rows into the sink's table; return the rows written and added.
-
-    `new_keys`: which upsert sinks' windows usually bring keys the table does not hold yet;
-    their rows are tried as a plain insert first (see `NewKeys`)."""
+    """Move the staged rows into the sink's table; return the rows written and added."""
     if spec.mode == "accumulate":
         _forget_contribution(conn, spec, job, window_id)
         return _accumulate(conn, spec, _summed(spec, staging), record=(job, window_id))
@@ -787,15 +776,9 @@ def _apply(
         action = sql.SQL("{} WHERE COALESCE(t.{} <= EXCLUDED.{}, true)").format(
             action, sql.Identifier(spec.window_column), sql.Identifier(spec.window_column)
         )
-    # In key order, the index is walked page after page rather than at random (a sixth less
-    # time, measured).
+    # xmax = 0 marks a row this statement inserted rather than replaced. In key order, the
+    # index is walked page after page rather than at random (a sixth less time, measured).
     keys = sql.SQL(", ").join(sql.Identifier(k) for k in spec.key)
-    if new_keys is not None and new_keys.likely(spec.name) and _key_is_unique(conn, spec):
-        inserted = _insert_new(conn, target, col_list, staging, keys)
-        new_keys.found(spec.name, all_new=inserted is not None)
-        if inserted is not None:
-            return inserted, inserted
-    # xmax = 0 marks a row this statement inserted rather than replaced.
     row = conn.execute(
         sql.SQL(
             "WITH w AS (INSERT INTO {} AS t ({}) SELECT {} FROM {} ORDER BY {}"
@@ -813,59 +796,6 @@ def _apply(
     ).fetchone()
     assert row is not None
     return int(row[0]), int(row[1])
-
-
-class NewKeys:
-    """Which upsert sinks' windows are worth trying as a plain INSERT.
-
-    A window that brings only keys its table does not hold yet is a plain INSERT's work, at two
-    thirds of the upsert's cost (20,000 rows into 200,000: 0.11 s against 0.16 s, measured). It
-    runs in a savepoint; only if a key was there already is it undone and the upsert run. A
-    sink whose window met a held key (a table of latest values) goes straight to the upsert,
-    and is tried again every RETRY_EVERY windows, in case its windows changed.
-    """
-
-    RETRY_EVERY = 16
-
-    def __init__(self) -> None:
-        self._met: dict[str, int] = {}
-
-    def likely(self, sink: str) -> bool:
-        """Whether the sink's window is worth trying as new keys."""
-        met = self._met.get(sink)
-        if met is None:
-            return True
-        self._met[sink] = met + 1
-        return (met + 1) % self.RETRY_EVERY == 0
-
-    def found(self, sink: str, *, all_new: bool) -> None:
-        if all_new:
-            self._met.pop(sink, None)
-        else:
-            self._met.setdefault(sink, 0)
-
-
-def _insert_new(
-    conn: psycopg.Connection,
-    target: sql.Composable,
-    columns: sql.Composable,
-    staging: sql.Composable,
-    keys: sql.Composable,
-) -> int | None:
-    """Insert the staged rows (one per key) as new rows; None, with nothing inserted, if the
-    table holds one of their keys."""
-    conn.execute("SAVEPOINT onceflow_new_rows")
-    try:
-        rows = conn.execute(
-            sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {} ORDER BY {}").format(
-                target, columns, columns, staging, keys
-            )
-        ).rowcount
-    except psycopg.errors.UniqueViolation:
-        conn.execute("ROLLBACK TO SAVEPOINT onceflow_new_rows")
-        return None
-    conn.execute("RELEASE SAVEPOINT onceflow_new_rows")
-    return rows
 
 
 def _check_one_row_per_key(
