@@ -1,12 +1,9 @@
-"""onceflow.sinks.postgres.commit: the protocol tables, an accumulating sink's contributions and
-the executors' COPY into staging."""
+"""onceflow.sinks.postgres.commit: the protocol tables and an accumulating sink's contributions."""
 
 from __future__ import annotations
 
 import dataclasses
 import io
-import time
-from collections import Counter
 
 import psycopg
 import pyarrow as pa
@@ -16,7 +13,6 @@ from psycopg import sql
 
 from onceflow.sinks.postgres.commit import (
     PROTOCOL_DDL,
-    CopyWriter,
     _accumulate,
     _contribution,
     _key_is_unique,
@@ -324,76 +320,3 @@ def test_utc_timestamps_reach_postgresql_as_the_csv_writer_would_print_them(
 def test_timestamps_of_another_zone_are_left_to_the_csv_writer(zone: str) -> None:
     table = pa.table({"at": pa.array([0, None], pa.timestamp("us", tz=zone))})
     assert _utc_as_text(table) == table
-
-
-def _copy_target(conn: psycopg.Connection, table: str) -> None:
-    conn.execute("CREATE SCHEMA IF NOT EXISTS onceflow")
-    conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier("onceflow", table)))
-    conn.execute(
-        sql.SQL("CREATE UNLOGGED TABLE {} (id bigint, v text)").format(
-            sql.Identifier("onceflow", table)
-        )
-    )
-    conn.commit()
-
-
-def _batch(start: int, rows: int) -> pa.RecordBatch:
-    ids = list(range(start, start + rows))
-    return pa.RecordBatch.from_pydict({"id": ids, "v": [f"row {i}, quoted" for i in ids]})
-
-
-def _copying(conn: psycopg.Connection, app: str) -> list[int]:
-    """The backends of `app` in the middle of a COPY."""
-    rows = conn.execute(
-        "SELECT pid FROM pg_stat_activity WHERE application_name = %s AND query LIKE 'COPY%%'"
-        " AND state = 'active'",
-        (app,),
-    ).fetchall()
-    return [int(pid) for (pid,) in rows]
-
-
-def _staged_ids(conn: psycopg.Connection, table: str) -> Counter:
-    rows = conn.execute(
-        sql.SQL("SELECT id FROM {}").format(sql.Identifier("onceflow", table))
-    ).fetchall()
-    return Counter(int(i) for (i,) in rows)
-
-
-@pytest.mark.parametrize("cut", [None, "before the next batch", "before the close"])
-def test_a_partitions_copy_streams_its_batches_and_stages_each_row_once(
-    pg_dsn: str, cut: str | None
-) -> None:
-    """The COPY starts with the first batch, not at the close. Its backend terminated from
-    outside while it streams, the partition is sent again from the spool: every row staged
-    once."""
-    app = f"copy-test-{cut or 'whole'}".replace(" ", "-")
-    with psycopg.connect(pg_dsn, autocommit=True) as watcher:
-        _copy_target(watcher, "stage_stream")
-        handle = CopyWriter("k", "out", pg_dsn, app, "stage_stream", ["id", "v"], 10).open(0)
-        handle.write(_batch(0, 1000))
-        streaming = _copying(watcher, app)
-        assert len(streaming) == 1  # the first batch is on its way before the close
-        if cut == "before the next batch":
-            watcher.execute("SELECT pg_terminate_backend(%s)", (streaming[0],))
-        handle.write(_batch(1000, 1000))
-        if cut == "before the close":
-            watcher.execute("SELECT pg_terminate_backend(%s)", (streaming[0],))
-        assert handle.close() == {"rows": 2000}
-        staged = _staged_ids(watcher, "stage_stream")
-    lost, doubled = Counter(range(2000)) - staged, staged - Counter(range(2000))
-    assert (sum(lost.values()), sum(doubled.values())) == (0, 0)
-
-
-def test_a_streamed_copy_the_server_cancels_is_sent_again_from_the_spool(pg_dsn: str) -> None:
-    """A COPY open while the task makes its next batch can outlast the server's
-    statement_timeout; the rows are not at fault and are staged once all the same."""
-    with psycopg.connect(pg_dsn, autocommit=True) as watcher:
-        _copy_target(watcher, "stage_timeout")
-        dsn = psycopg.conninfo.make_conninfo(pg_dsn, options="-c statement_timeout=300")
-        handle = CopyWriter("k", "out", dsn, "copy-timeout", "stage_timeout", ["id", "v"], 10)
-        opened = handle.open(0)
-        opened.write(_batch(0, 500))
-        time.sleep(1.0)  # the streamed COPY is cancelled meanwhile
-        opened.write(_batch(500, 500))
-        assert opened.close() == {"rows": 1000}
-        assert _staged_ids(watcher, "stage_timeout") == Counter(range(1000))

@@ -19,7 +19,6 @@ minus the recorded old one.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import json
@@ -217,14 +216,12 @@ class Applied:
 class CopyWriter(PartitionWriter):
     """COPY one output's `columns` into the staging table `onceflow.<table>` on the executors.
 
-    Each partition is one transaction. Its COPY starts with the first batch and takes each
-    batch's CSV as it is made, so the server reads the rows while the next are made, not after.
-    The CSV is spooled too (in memory up to SPOOL_IN_MEMORY_BYTES, then on local disk): a COPY
-    that fails while it streams is dropped, and the partition is sent again from the spool.
-    After a lost connection the executor decides by the transaction's id whether its COPY
-    committed (a COMMIT whose answer was lost) and otherwise sends the spooled rows again, with
-    backoff, for up to `retry_s` seconds (read on the driver from ONCEFLOW_PG_RETRY_S). The
-    driver's count check on the staging table stays the authority.
+    Each partition is one transaction. The CSV is spooled first (in memory up to
+    SPOOL_IN_MEMORY_BYTES, then on local disk), so after a lost connection the executor decides
+    by the transaction's id whether its COPY committed (a COMMIT whose answer was lost) and
+    otherwise sends the spooled rows again, with backoff, for up to `retry_s` seconds (read on
+    the driver from ONCEFLOW_PG_RETRY_S). The driver's count check on the staging table stays
+    the authority.
     """
 
     window_fields = ("key", "table")
@@ -254,38 +251,6 @@ class CopyWriter(PartitionWriter):
         return _CopyHandle(self)
 
 
-class _CopyStream:
-    """A COPY left open between a partition's batches: each batch's CSV is sent as it is made."""
-
-    def __init__(self, conn: psycopg.Connection, statement: sql.Composable) -> None:
-        self.conn = conn
-        self._open = contextlib.ExitStack()
-        try:
-            cursor = self._open.enter_context(conn.cursor())
-            self._copy = self._open.enter_context(cursor.copy(statement))
-        except BaseException:
-            self.drop()
-            raise
-
-    def write(self, data: bytes) -> None:
-        self._copy.write(data)
-
-    def finish(self) -> psycopg.Connection:
-        """End the COPY (raising what the server reported) and give its connection back, in
-        the COPY's transaction."""
-        try:
-            self._open.close()
-        except BaseException:
-            self.drop()
-            raise
-        return self.conn
-
-    def drop(self) -> None:
-        """Close the connection without ending the COPY: the server discards its rows."""
-        with contextlib.suppress(Exception):
-            self.conn.close()
-
-
 class _CopyHandle(PartitionHandle):
     def __init__(self, writer: CopyWriter) -> None:
         import tempfile
@@ -296,15 +261,6 @@ class _CopyHandle(PartitionHandle):
         self.rows = 0
         self.options = pacsv.WriteOptions(include_header=False, quoting_style="needed")
         self.spool = tempfile.SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY_BYTES)
-        self.statement = sql.SQL("COPY {}.{} ({}) FROM STDIN (FORMAT csv)").format(
-            sql.Identifier("onceflow"),
-            sql.Identifier(writer.table),
-            sql.SQL(", ").join(sql.Identifier(c) for c in writer.column_names),
-        )
-        # The COPY streaming the batches; None before the first, or once it failed (the
-        # partition is then sent from the spool).
-        self.stream: _CopyStream | None = None
-        self.streaming = True
 
     def write(self, batch: pa.RecordBatch) -> None:
         import pyarrow as pa
@@ -313,72 +269,34 @@ class _CopyHandle(PartitionHandle):
         table = _utc_as_text(pa.Table.from_batches([batch]).select(self.writer.column_names))
         buffer = io.BytesIO()
         pacsv.write_csv(table, buffer, self.options)
-        data = buffer.getvalue()
-        self.spool.write(data)
+        self.spool.write(buffer.getvalue())
         self.rows += batch.num_rows
-        if self.streaming:
-            try:
-                if self.stream is None:
-                    self.stream = _CopyStream(self._connect(), self.statement)
-                self.stream.write(data)
-            except Exception as exc:
-                # Whatever it was, the spool has the rows: the close sends them again, and
-                # raises then what is not a lost connection.
-                _log.info(
-                    "a COPY failed while streaming (%s); sending it again", type(exc).__name__
-                )
-                self._drop_stream()
-
-    def _drop_stream(self) -> None:
-        self.streaming = False
-        if self.stream is not None:
-            self.stream.drop()
-            self.stream = None
 
     def close(self) -> dict[str, Any]:
-        try:
-            if self.rows:
-                self._copy()
-        finally:
-            self._drop_stream()
-            self.spool.close()
+        if self.rows:
+            self._copy()
+        self.spool.close()
         return {"rows": self.rows}
-
-    def _connect(self) -> psycopg.Connection:
-        w = self.writer
-        return psycopg.connect(
-            w.dsn, application_name=w.app_name, connect_timeout=CONNECT_TIMEOUT_S
-        )
 
     def _copy(self) -> None:
         w = self.writer
-        connect = self._connect
+        statement = sql.SQL("COPY {}.{} ({}) FROM STDIN (FORMAT csv)").format(
+            sql.Identifier("onceflow"),
+            sql.Identifier(w.table),
+            sql.SQL(", ").join(sql.Identifier(c) for c in w.column_names),
+        )
 
-        def copied() -> psycopg.Connection:
-            """A connection in a transaction that copied every row: the streamed COPY's, or a
-            new one's that sent the spool."""
-            stream, self.stream = self.stream, None
-            if stream is not None:
-                try:
-                    return stream.finish()
-                except Exception as exc:
-                    # Nothing of it committed, so the spool is sent instead: a COPY cut short
-                    # while it streamed (a lost connection, the server's statement_timeout) is
-                    # not the rows' fault, and what is the rows' fault fails again there.
-                    _log.info("a streamed COPY failed (%s); sending it again", type(exc).__name__)
-            conn = connect()
-            try:
-                self.spool.seek(0)
-                with conn.cursor() as cur, cur.copy(self.statement) as copy:
-                    while chunk := self.spool.read(1 << 20):
-                        copy.write(chunk)
-            except BaseException:
-                conn.close()
-                raise
-            return conn
+        def connect() -> psycopg.Connection:
+            return psycopg.connect(
+                w.dsn, application_name=w.app_name, connect_timeout=CONNECT_TIMEOUT_S
+            )
 
         def copy_once(sent: list[str]) -> None:
-            with copied() as conn:
+            self.spool.seek(0)
+            with connect() as conn:
+                with conn.cursor() as cur, cur.copy(statement) as copy:
+                    while chunk := self.spool.read(1 << 20):
+                        copy.write(chunk)
                 row = conn.execute("SELECT pg_current_xact_id()::text").fetchone()
                 assert row is not None
                 sent.append(str(row[0]))  # from here on the COMMIT may apply unanswered
