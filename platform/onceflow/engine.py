@@ -435,30 +435,38 @@ class Engine:
             if on_window:
                 on_window(window_result)
 
-        self._process_all(iter(self.ledger.windows(pending_only=True)), epoch, run_id, done)
-        # A restatement interrupted by a crash is finished by the next run, with its request's
-        # sequence numbers, so each of its windows changes once.
-        self.restate(self.planned_restatements(), epoch, run_id)
-        stop = stop or threading.Event()
-        planned = 0
-        while max_windows is None or planned < max_windows:
-            found = self._process_all(
-                self._plan_new(epoch, max_units_per_window),
-                epoch,
-                run_id,
-                done,
-                stop=stop,
-                limit=None if max_windows is None else max_windows - planned,
-            )
-            planned += found
-            if not follow or stop.is_set() or (max_windows is not None and planned >= max_windows):
-                break
-            if found:
-                continue  # more may have landed while these committed: look again at once
-            if on_idle is not None:
-                on_idle()
-            if stop.wait(poll_interval_s):
-                break
+        # The windows' plans (a follow run's too) hold from poll to poll; they go at the end.
+        try:
+            self._process_all(iter(self.ledger.windows(pending_only=True)), epoch, run_id, done)
+            # A restatement interrupted by a crash is finished by the next run, with its
+            # request's sequence numbers, so each of its windows changes once.
+            self.restate(self.planned_restatements(), epoch, run_id)
+            stop = stop or threading.Event()
+            planned = 0
+            while max_windows is None or planned < max_windows:
+                found = self._process_all(
+                    self._plan_new(epoch, max_units_per_window),
+                    epoch,
+                    run_id,
+                    done,
+                    stop=stop,
+                    limit=None if max_windows is None else max_windows - planned,
+                )
+                planned += found
+                if (
+                    not follow
+                    or stop.is_set()
+                    or (max_windows is not None and planned >= max_windows)
+                ):
+                    break
+                if found:
+                    continue  # more may have landed while these committed: look again at once
+                if on_idle is not None:
+                    on_idle()
+                if stop.wait(poll_interval_s):
+                    break
+        finally:
+            self._forget_plans()
         return result
 
     def unplanned_units(self) -> list[str]:
@@ -502,11 +510,8 @@ class Engine:
         it stops when `stop` is set or `limit` windows are done.
         """
         # The ledger's sessions are reused from window to window and closed at the end.
-        try:
-            with self.ledger.sessions.kept():
-                return self._process_windows(windows, epoch, run_id, done, stop=stop, limit=limit)
-        finally:
-            self._forget_plans()
+        with self.ledger.sessions.kept():
+            return self._process_windows(windows, epoch, run_id, done, stop=stop, limit=limit)
 
     def _forget_plans(self) -> None:
         """Drop the windows' plans and their cache entries (the next windows plan anew)."""
