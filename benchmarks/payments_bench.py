@@ -4,7 +4,8 @@ One invocation, one input, one window size: onceflow exactly_once, onceflow at_l
 the peer (`peer_pipeline.py`: Structured Streaming, `maxFilesPerTrigger`, `foreachBatch` into
 Delta and PostgreSQL, at-least-once) each read the same generated landing files on the same
 Spark session and PostgreSQL server; optionally plain COPY and `write_deltalake` of the rows
-onceflow wrote. Prints wall times and their ratios, window latency and driver memory.
+onceflow wrote. Prints wall times and their ratios, window latency and driver memory; then
+(`--paced`) the latency of windows that arrive one at a time, in a follow run.
 """
 
 from __future__ import annotations
@@ -187,6 +188,10 @@ def run_paced(
             now = time.monotonic()
             landed.update({str(rel): now for rel in batch})
             time.sleep(interval_s)
+        # A window that never commits ends the run here rather than hanging the benchmark.
+        if not stop.wait(120):
+            print("paced: not every file committed within 120 s", file=sys.stderr)
+            stop.set()
 
     def on_window(w: Any) -> None:
         now = time.monotonic()
