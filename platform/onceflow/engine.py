@@ -153,8 +153,11 @@ class WindowResult:
     offsets: dict[str, Any]
     stats: dict[str, Any]
     sinks: dict[str, SinkOutcome] = field(default_factory=dict)
-    latency_s: float = 0.0
+    latency_s: float = 0.0  # planned → completed (every sink committed, ledger marked)
     compute_s: float = 0.0  # reading, parsing, deduplicating and staging the window
+    # Planned → committed in every sink: its rows visible everywhere (before it is marked
+    # completed and its keys indexed).
+    visible_s: float = 0.0
 
     @property
     def noop(self) -> bool:
@@ -624,7 +627,7 @@ class Engine:
         if out is None:  # every sink held it
             self.ledger.mark_completed(window.window_id)
             WindowStage(self.settings.lake, self.job.name, window.window_id, {}).discard()
-            result.latency_s = time.monotonic() - prepared.started
+            result.latency_s = result.visible_s = time.monotonic() - prepared.started
             return result
         try:
             self.ledger.record_stats(window.window_id, result.stats)
@@ -638,6 +641,7 @@ class Engine:
                 result.sinks.update(outcomes)
                 faults.point(f"after_{group.kind}", window.window_id)
             faults.point("after_commits", window.window_id)
+            result.visible_s = time.monotonic() - prepared.started
             if self.exactly_once:
                 self.ledger.check_epoch(epoch)
             prepared.indexed = self._complete(
@@ -848,6 +852,7 @@ class Engine:
             finally:
                 out.release()
             faults.point("restated", window.window_id)
+            result.visible_s = time.monotonic() - t0
             self.ledger.record_stats(window.window_id, result.stats)
             self.ledger.complete_restatement(seq, window.window_id, _versions(result.sinks))
             WindowStage(

@@ -87,6 +87,8 @@ def test_end_to_end_equals_oracle_and_rerun_changes_nothing(
         result = engine.run(max_units_per_window=per_window)
         window_ids += [w.window_id for w in result.windows]
         assert len(result.windows) == -(-files // per_window)
+        # Staged, then visible in every sink, then completed: each after the one before.
+        assert all(0 < w.compute_s < w.visible_s < w.latency_s for w in result.windows)
         expected = expected_outputs(landing)
         assert_exact(expected, actual_outputs(pg_dsn, lake))
     assert window_ids == list(range(1, len(window_ids) + 1))
