@@ -143,9 +143,9 @@ class Paced:
     """Windows of a follow run fed one window's files at a time (`interval_s` apart)."""
 
     interval_s: float
-    plan_to_commit: list[float] = field(default_factory=list)
+    plan_to_completed: list[float] = field(default_factory=list)
     plan_to_visible: list[float] = field(default_factory=list)
-    land_to_commit: list[float] = field(default_factory=list)
+    land_to_completed: list[float] = field(default_factory=list)
     rows: int = 0
 
 
@@ -199,9 +199,9 @@ def run_paced(
     def on_window(w: Any) -> None:
         now = time.monotonic()
         names = [str(Path(f)) for f in w.offsets.get("files", [])]
-        out.plan_to_commit.append(w.latency_s)
+        out.plan_to_completed.append(w.latency_s)
         out.plan_to_visible.append(w.visible_s)
-        out.land_to_commit.append(now - max(landed[n] for n in names))
+        out.land_to_completed.append(now - max(landed[n] for n in names))
         out.rows += int((w.stats or {}).get("kept", 0))
         committed.update(names)
         if len(committed) == len(files):
@@ -474,11 +474,11 @@ def report(
     if paced is not None:
         print(
             f"paced: one window's files landing every {paced.interval_s:g} s, a follow run "
-            f"({len(paced.plan_to_commit)} windows, {paced.rows:,} rows):"
+            f"({len(paced.plan_to_completed)} windows, {paced.rows:,} rows):"
         )
         print("  plan → committed in every sink:     " + p50_p95(paced.plan_to_visible))
-        print("  plan → completed (keys indexed):    " + p50_p95(paced.plan_to_commit))
-        print("  landed → completed:                 " + p50_p95(paced.land_to_commit))
+        print("  plan → completed (keys indexed):    " + p50_p95(paced.plan_to_completed))
+        print("  landed → completed:                 " + p50_p95(paced.land_to_completed))
     print("\nper-sink commit latency (exactly_once), seconds:")
     for sink, values in sorted(eo.sink_latency.items()):
         print(
