@@ -33,9 +33,9 @@ from psycopg import sql
 
 from onceflow.errors import SourceError
 from onceflow.postgres import (
-    CONNECT_TIMEOUT_S,
     connect,
     is_lost_connection,
+    process_sessions,
     retry_deadline_s,
     retry_delays,
 )
@@ -292,13 +292,13 @@ class _Repeats:
 
 
 class _Asker:
-    """The lookups of one partition: one connection, kept from batch to batch, and one
-    thread that asks on it in turn."""
+    """The lookups of one partition: one thread that asks in turn, on a session the worker
+    keeps from task to task."""
 
     def __init__(self, lookup: SeenLookup) -> None:
         self.lookup = lookup
         self.queries = lookup.queries()
-        self.conn: psycopg.Connection | None = None
+        self.sessions = process_sessions(lookup.dsn)
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="onceflow-lookup")
 
     def __enter__(self) -> _Asker:
@@ -306,8 +306,6 @@ class _Asker:
 
     def __exit__(self, *exc: object) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
-        if self.conn is not None:
-            self.conn.close()
 
     def ask(self, keys: pa.Array) -> Future[set[str]]:
         """The keys of `keys` (distinct, no nulls) that were seen, found in the thread."""
@@ -323,19 +321,14 @@ class _Asker:
         delays = None
         while True:
             try:
-                if self.conn is None:
-                    self.conn = psycopg.connect(
-                        self.lookup.dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S
-                    )
-                rows: set[str] = set()
-                for query, params in self.queries:
-                    bound = tuple(chunk if p is None else p for p in params)
-                    rows.update(r[0] for r in self.conn.execute(query, bound))
-                return rows
+                # An error closes the session: the next attempt starts a new one.
+                with self.sessions.session(autocommit=True) as conn:
+                    rows: set[str] = set()
+                    for query, params in self.queries:
+                        bound = tuple(chunk if p is None else p for p in params)
+                        rows.update(r[0] for r in conn.execute(query, bound))
+                    return rows
             except Exception as exc:
-                if self.conn is not None:
-                    self.conn.close()
-                    self.conn = None
                 if not is_lost_connection(exc):
                     raise
                 delays = delays or retry_delays(self.lookup.retry_s)

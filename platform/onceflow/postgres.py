@@ -185,11 +185,17 @@ class Sessions:
     # A kept connection idle longer than this is pinged before use: a restarted server or a
     # dropped network path is then met by a new connection, not a retry after a backoff.
     PING_AFTER_S = 5.0
+    # A kept connection idle longer than this is closed rather than reused: a process that
+    # keeps sessions for good (`process_sessions`) does not hold a finished run's for long.
+    CLOSE_AFTER_S = 30.0
 
-    def __init__(self, dsn: str) -> None:
+    def __init__(self, dsn: str, *, always_kept: bool = False, max_idle: int | None = None) -> None:
+        """`always_kept`: keep sessions as if inside `kept()` for good. `max_idle`: keep at
+        most this many idle sessions in all (the longest idle is closed first)."""
         self._dsn = dsn
         self._lock = threading.Lock()
-        self._depth = 0
+        self._depth = 1 if always_kept else 0
+        self._max_idle = max_idle
         self._idle: dict[tuple[Any, ...], list[tuple[psycopg.Connection, float]]] = {}
         self._pid = os.getpid()
 
@@ -233,7 +239,17 @@ class Sessions:
             keep = self._depth > 0 and not conn.closed and conn.info.transaction_status == idle
             if keep:
                 self._idle.setdefault(key, []).append((conn, time.monotonic()))
+            stale = self._take_stale()
         if not keep:
+            conn.close()
+        for old in stale:
+            old.close()
+
+    def close_idle(self) -> None:
+        """Close every kept session that is idle now."""
+        with self._lock:
+            idle = self._take_all()
+        for conn in idle:
             conn.close()
 
     def _reuse(self, key: tuple[Any, ...]) -> psycopg.Connection | None:
@@ -245,7 +261,11 @@ class Sessions:
             if not kept:
                 return None
             conn, since = kept.pop()
-        if time.monotonic() - since > self.PING_AFTER_S:
+        idle_s = time.monotonic() - since
+        if idle_s > self.CLOSE_AFTER_S:
+            conn.close()
+            return None
+        if idle_s > self.PING_AFTER_S:
             try:
                 conn.execute("SELECT 1")
                 if not conn.autocommit:
@@ -255,10 +275,56 @@ class Sessions:
                 return None
         return conn
 
+    def _take_stale(self) -> list[psycopg.Connection]:
+        """The kept connections idle longer than CLOSE_AFTER_S, and the longest idle beyond
+        `max_idle`, no longer kept (under the lock)."""
+        cutoff = time.monotonic() - self.CLOSE_AFTER_S
+        by_age = sorted(
+            ((since, key, conn) for key, kept in self._idle.items() for conn, since in kept),
+            key=lambda entry: entry[0],
+            reverse=True,
+        )
+        room = len(by_age) if self._max_idle is None else self._max_idle
+        self._idle = {}
+        stale: list[psycopg.Connection] = []
+        for since, key, conn in by_age:
+            if since < cutoff or room == 0:
+                stale.append(conn)
+                continue
+            room -= 1
+            self._idle.setdefault(key, []).insert(0, (conn, since))
+        return stale if os.getpid() == self._pid else []
+
     def _take_all(self) -> list[psycopg.Connection]:
         idle = [conn for kept in self._idle.values() for conn, _ in kept]
         self._idle.clear()
         return idle if os.getpid() == self._pid else []
+
+
+# The idle sessions a process keeps for good, in all: a window's COPYs and key lookups.
+PROCESS_MAX_IDLE = 4
+_process_sessions: dict[str, Sessions] = {}
+_process_lock = threading.Lock()
+
+
+def process_sessions(dsn: str) -> Sessions:
+    """Sessions to `dsn` kept for reuse for the life of this process.
+
+    For Spark's Python workers: a worker runs one window's task after another, and each task's
+    COPYs and key lookups would otherwise start a backend of their own (a few milliseconds of
+    the server's CPU and of the task's wait, several times a window). A session is kept only
+    while idle outside a transaction, for at most `Sessions.CLOSE_AFTER_S`, and at most
+    PROCESS_MAX_IDLE of them; asking for another DSN closes the idle sessions of the others,
+    so a worker that serves run after run, each on its own database, holds no more."""
+    with _process_lock:
+        others = [s for other, s in _process_sessions.items() if other != dsn]
+        sessions = _process_sessions.get(dsn)
+        if sessions is None:
+            sessions = Sessions(dsn, always_kept=True, max_idle=PROCESS_MAX_IDLE)
+            _process_sessions[dsn] = sessions
+    for other in others:
+        other.close_idle()
+    return sessions
 
 
 def _dsn_options(dsn: str) -> str:

@@ -208,3 +208,40 @@ def test_a_kept_session_the_server_ended_is_replaced(
         time.sleep(0.2)
         with sessions.session(autocommit=True, application_name="s-gone") as conn:
             assert _pid(conn) != gone
+
+
+def test_process_sessions_keep_few_idle_and_close_them_once_old(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(postgres, "PROCESS_MAX_IDLE", 2)
+    monkeypatch.setattr(postgres, "_process_sessions", {})
+    sessions = postgres.process_sessions(pg_dsn)
+    assert postgres.process_sessions(pg_dsn) is sessions  # one set a DSN, always kept
+    with (
+        sessions.session(application_name="s-proc") as a,
+        sessions.session(application_name="s-proc") as b,
+        sessions.session(autocommit=True, application_name="s-proc") as c,
+    ):
+        pids = {_pid(a), _pid(b), _pid(c)}
+    assert len(pids) == 3
+    # c, left first, idled longest: over the limit, it was closed.
+    assert c.closed and not a.closed and not b.closed
+    assert _open_sessions(pg_dsn, "s-proc") == 2
+    with sessions.session(application_name="s-proc") as conn:
+        assert conn in (a, b)  # reused, with no backend started
+    monkeypatch.setattr(Sessions, "CLOSE_AFTER_S", 0.0)
+    with sessions.session(application_name="s-proc") as conn:
+        assert _pid(conn) not in pids  # too old to reuse: closed, and a new one opened
+    # Leaving it closed every idle one (all older than CLOSE_AFTER_S by now).
+    assert _open_sessions(pg_dsn, "s-proc") == 0
+
+
+def test_process_sessions_of_another_dsn_close_the_idle_ones_of_the_first(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(postgres, "_process_sessions", {})
+    with postgres.process_sessions(pg_dsn).session(application_name="s-first"):
+        pass
+    assert _open_sessions(pg_dsn, "s-first") == 1
+    postgres.process_sessions(pg_dsn + " application_name=other")
+    assert _open_sessions(pg_dsn, "s-first") == 0

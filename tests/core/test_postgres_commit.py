@@ -13,6 +13,7 @@ from psycopg import sql
 
 from onceflow.sinks.postgres.commit import (
     PROTOCOL_DDL,
+    CopyWriter,
     _accumulate,
     _contribution,
     _key_is_unique,
@@ -320,3 +321,44 @@ def test_utc_timestamps_reach_postgresql_as_the_csv_writer_would_print_them(
 def test_timestamps_of_another_zone_are_left_to_the_csv_writer(zone: str) -> None:
     table = pa.table({"at": pa.array([0, None], pa.timestamp("us", tz=zone))})
     assert _utc_as_text(table) == table
+
+
+def _copy_sessions(conn: psycopg.Connection, app: str) -> set[int]:
+    rows = conn.execute(
+        "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (app,)
+    ).fetchall()
+    return {int(r[0]) for r in rows}
+
+
+def test_a_workers_copies_reuse_its_idle_session_and_a_lost_one_is_replaced(
+    pg_dsn: str,
+) -> None:
+    app = "onceflow/copy-test/e1"
+    batch = pa.record_batch({"n": pa.array(range(50), pa.int64()), "t": ["x"] * 50})
+    with psycopg.connect(pg_dsn, autocommit=True) as admin:
+        admin.execute("CREATE SCHEMA IF NOT EXISTS onceflow")
+        for table in ("copy_1", "copy_2", "copy_3"):
+            admin.execute(
+                sql.SQL("CREATE TABLE {} (n bigint, t text)").format(
+                    sql.Identifier("onceflow", table)
+                )
+            )
+
+        def copy(table: str) -> None:
+            handle = CopyWriter(table, "out", pg_dsn, app, table, ["n", "t"], 5.0).open(0)
+            handle.write(batch)
+            assert handle.close() == {"rows": 50}
+
+        copy("copy_1")
+        kept = _copy_sessions(admin, app)
+        assert len(kept) == 1  # left open and idle for the next window's COPY
+        copy("copy_2")
+        assert _copy_sessions(admin, app) == kept  # no new backend
+        admin.execute("SELECT pg_terminate_backend(%s)", (next(iter(kept)),))
+        copy("copy_3")  # the kept session is gone: the COPY is sent again on a new one
+        assert _copy_sessions(admin, app).isdisjoint(kept)
+        for table in ("copy_1", "copy_2", "copy_3"):
+            count = admin.execute(
+                sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier("onceflow", table))
+            ).fetchone()
+            assert count == (50,)

@@ -38,6 +38,7 @@ from onceflow.postgres import (
     CONNECT_TIMEOUT_S,
     connect,
     is_lost_connection,
+    process_sessions,
     retry_deadline_s,
     retry_delays,
     retrying,
@@ -291,9 +292,13 @@ class _CopyHandle(PartitionHandle):
                 w.dsn, application_name=w.app_name, connect_timeout=CONNECT_TIMEOUT_S
             )
 
+        # Kept by the worker from task to task (its next window's COPYs reuse them); an error
+        # closes the session, so an attempt after a lost connection starts a new one.
+        sessions = process_sessions(w.dsn)
+
         def copy_once(sent: list[str]) -> None:
             self.spool.seek(0)
-            with connect() as conn:
+            with sessions.session(application_name=w.app_name) as conn:
                 with conn.cursor() as cur, cur.copy(statement) as copy:
                     while chunk := self.spool.read(1 << 20):
                         copy.write(chunk)
