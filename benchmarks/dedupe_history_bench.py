@@ -5,7 +5,9 @@ executors (`SeenLookup`), then its kept keys added in one transaction. Old: an a
 window's keys with every key of the Delta state table, which reads the whole history. The
 history is written directly (the index by `generate_series`, the Delta table by
 `write_deltalake`), then one 20,000-key window (5% of them already seen) is deduplicated,
-`--repeat` times; the median is printed with its ratio to the smallest history.
+`--repeat` times; the median is printed with its ratio to the smallest history, with the peak
+memory of this driver and of its Spark JVM while the window's repeats ran (the history stays in
+PostgreSQL: neither should grow with it).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from payments_bench import MemorySampler
 
 JOB = "bench"
 
@@ -127,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             conn.commit()
         spark = build_spark_session(app_name="onceflow-dedupe-bench")
         rows: list[tuple[int, float, float | None, int]] = []
+        memory: list[tuple[float, float]] = []
         have_index = have_delta = 0
         for size in sizes:
             t0 = time.perf_counter()
@@ -139,12 +143,14 @@ def main(argv: list[str] | None = None) -> int:
             window_id = size // 20000 + 2
             new_times, old_times = [], []
             duplicates = 0
-            for _ in range(args.repeat + 1):  # the first is a warm-up
-                frame = window_frame(spark, size, args.window)
-                elapsed, duplicates = new_path(spark, dsn, frame, window_id)
-                new_times.append(elapsed)
-                if size in old_sizes:
-                    old_times.append(old_path(spark, work / "state", frame)[0])
+            with MemorySampler() as mem:
+                for _ in range(args.repeat + 1):  # the first is a warm-up
+                    frame = window_frame(spark, size, args.window)
+                    elapsed, duplicates = new_path(spark, dsn, frame, window_id)
+                    new_times.append(elapsed)
+                    if size in old_sizes:
+                        old_times.append(old_path(spark, work / "state", frame)[0])
+            memory.append((mem.driver_peak / 2**20, mem.jvm_peak / 2**20))
             new = statistics.median(new_times[1:])
             old = statistics.median(old_times[1:]) if old_times else None
             rows.append((size, new, old, duplicates))
@@ -158,10 +164,16 @@ def main(argv: list[str] | None = None) -> int:
         f"\nmachine: {os.cpu_count()} cores, load avg {os.getloadavg()[0]:.1f}; window "
         f"{args.window:,} keys (5% seen before), median of {args.repeat}\n"
     )
-    print(f"{'history keys':>14} {'key index s':>12} {'vs smallest':>12} {'old anti-join s':>16}")
-    for size, new, old, duplicates in rows:
+    print(
+        f"{'history keys':>14} {'key index s':>12} {'vs smallest':>12} {'old anti-join s':>16}"
+        f" {'driver MB':>10} {'JVM MB':>8}"
+    )
+    for (size, new, old, duplicates), (driver_mb, jvm_mb) in zip(rows, memory, strict=True):
         old_text = f"{old:>16.3f}" if old is not None else f"{'-':>16}"
-        print(f"{size:>14,} {new:>12.3f} {new / base_new:>11.2f}x {old_text}")
+        print(
+            f"{size:>14,} {new:>12.3f} {new / base_new:>11.2f}x {old_text}"
+            f" {driver_mb:>10.0f} {jvm_mb:>8.0f}"
+        )
         assert duplicates == max(1, args.window // 20), duplicates
     if base_old is not None:
         last_old = [r for r in rows if r[2] is not None][-1]

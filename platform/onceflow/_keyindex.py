@@ -55,6 +55,12 @@ KEY_COL = "__dedupe_key"
 SEEN_COL = "__seen"
 # Most distinct keys one lookup query asks about.
 LOOKUP_CHUNK = 20_000
+# The lookup sessions' planner settings (in the startup packet: no round trip). A lookup asks
+# for up to LOOKUP_CHUNK keys at once; from about half a million keys in the index to a few
+# million, PostgreSQL's estimate prefers reading the whole index table (in parallel, taking
+# every core) to probing its primary key, and the lookup grows with history (0.11 s at 1M
+# keys, 0.32 s at 3M, against 0.04 s by the index at 10M). Probing is always chosen here.
+LOOKUP_SETTINGS = {"enable_seqscan": "off", "max_parallel_workers_per_gather": "0"}
 
 DDL = """
 CREATE TABLE IF NOT EXISTS onceflow.dedupe_keys (
@@ -322,7 +328,7 @@ class _Asker:
         while True:
             try:
                 # An error closes the session: the next attempt starts a new one.
-                with self.sessions.session(autocommit=True) as conn:
+                with self.sessions.session(autocommit=True, settings=LOOKUP_SETTINGS) as conn:
                     rows: set[str] = set()
                     for query, params in self.queries:
                         bound = tuple(chunk if p is None else p for p in params)

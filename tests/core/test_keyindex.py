@@ -13,12 +13,20 @@ import pytest
 from deltalake import DeltaTable
 from psycopg import sql
 
-from onceflow._keyindex import KEY_COL, SEEN_COL, KeyIndex, key_strings, text_array
+from onceflow._keyindex import (
+    KEY_COL,
+    LOOKUP_SETTINGS,
+    SEEN_COL,
+    KeyIndex,
+    key_strings,
+    text_array,
+)
 from onceflow.engine import build_engine
 from onceflow.errors import SourceError
 from onceflow.generate import generate_payments
 from onceflow.jobs.payments import PAYMENTS
 from onceflow.ledger import Ledger
+from onceflow.postgres import connect
 from onceflow.settings import Settings
 from tests.support.oracle import expected_outputs
 from tests.support.outputs import actual_outputs, assert_exact
@@ -211,6 +219,30 @@ def test_a_key_array_reaches_the_server_as_it_was(pg_dsn: str) -> None:
         # A slice, as a lookup sends each chunk of a window's keys.
         assert back(keys.slice(3, 20)) == keys.to_pylist()[3:23]
         assert back(keys.slice(0, 0)) == []
+
+
+def test_a_lookup_probes_the_index_at_any_history_size(pg_dsn: str) -> None:
+    # At a million keys PostgreSQL's own estimate reads the whole table (in parallel) for a
+    # window's 20,000 keys, a cost that grows with history; the lookup's sessions probe.
+    index = new_index(pg_dsn, "big")
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO onceflow.dedupe_keys (job, key, window_id)"
+            " SELECT 'big', 'h-' || g, 1 FROM generate_series(1, 1000000) AS g"
+        )
+        conn.execute("ANALYZE onceflow.dedupe_keys")
+    keys = text_array(pa.array([f"n-{i}" for i in range(20_000)], pa.string()))
+    [(query, params)] = index.lookup(("payment_id",), 2).queries()
+    bound = tuple(keys if p is None else p for p in params)
+
+    def plan(settings: dict[str, str] | None) -> str:
+        with connect(pg_dsn, autocommit=True, settings=settings) as conn:
+            rows = conn.execute(sql.SQL("EXPLAIN ") + query, bound).fetchall()
+        return "\n".join(str(r[0]) for r in rows)
+
+    assert "Seq Scan on dedupe_keys" in plan(None)  # what the planner would do on its own
+    probed = plan(LOOKUP_SETTINGS)
+    assert "dedupe_keys_pkey" in probed and "Seq Scan" not in probed
 
 
 def test_a_lookup_marks_awkward_keys_exactly(spark: Any, pg_dsn: str) -> None:
