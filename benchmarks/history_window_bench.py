@@ -50,21 +50,21 @@ class Sized:
     jvm_mb: float = 0.0
 
 
-def grow_history(dsn: str, have: int, want: int) -> None:
-    """Add payments `have+1 … want` to the key index and to the `payments` table."""
+def grow_history(dsn: str, size: int) -> None:
+    """Add `size` payments of history to the key index and to the `payments` table."""
     with psycopg.connect(dsn) as conn:
         conn.execute(
             "INSERT INTO onceflow.dedupe_keys (job, key, window_id)"
-            " SELECT 'payments', 'h-' || g, 1 FROM generate_series(%s::bigint, %s::bigint) AS g",
-            (have + 1, want),
+            " SELECT 'payments', 'h-' || g, 1 FROM generate_series(1, %s::bigint) AS g",
+            (size,),
         )
         conn.execute(
             "INSERT INTO public.payments (payment_id, merchant_id, customer_id, amount_cents,"
             " currency, created_at, _window_id, _source_file, _source_line)"
             " SELECT 'h-' || g, 'm-' || (g %% 5000), 'c-' || (g %% 100000), 100 + g %% 9000, 'USD',"
             " timestamptz '2024-01-01' + g * interval '1 second', 1, 'history', g"
-            " FROM generate_series(%s::bigint, %s::bigint) AS g",
-            (have + 1, want),
+            " FROM generate_series(1, %s::bigint) AS g",
+            (size,),
         )
         conn.commit()
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
             land(landing, 2, seed=1)
             run_windows(engine, 2)  # warm-up; leaves the tables created
             t0 = time.perf_counter()
-            grow_history(dsn, 0, size)
+            grow_history(dsn, size)
             print(f"history {size:,}: written in {time.perf_counter() - t0:.1f} s", flush=True)
             out.append(Sized(size, engine, landing))
         for r in range(args.rounds):
