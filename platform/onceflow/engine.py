@@ -378,12 +378,14 @@ class Engine:
         if self.job.guarantee is Guarantee.NONE:
             return
         lacking = self.lacking_windows()
-        if not lacking:
+        problems = {k: v for group in self.groups for k, v in group.state_problems().items()}
+        if not lacking and not problems:
             return
         from onceflow.windows import format_windows
 
         which = "; ".join(
-            f"{name} lacks windows {format_windows(ids)}" for name, ids in lacking.items()
+            [f"{name} lacks windows {format_windows(ids)}" for name, ids in lacking.items()]
+            + [f"{name} {problem}" for name, problem in problems.items()]
         )
         raise LedgerError(
             f"job {self.job.name}: {which}, which the ledger records as committed (was the lake "
@@ -754,9 +756,16 @@ class Engine:
         windows = {w.window_id: w for w in self.ledger.windows()}
         lacking = self._lacking(list(windows.values()))
         gone: set[int] = set()
+        for group in self.groups:
+            group.prepare_replay()
         try:
             for wid in sorted({wid for wids in lacking.values() for wid in wids}):
                 window = windows[wid]
+                if gone:
+                    # A sink holds windows in order: none after a window it cannot get back
+                    # (until the operator abandons that one).
+                    gone.add(wid)
+                    continue
                 stage = WindowStage(self.settings.lake, self.job.name, wid, window.offsets)
                 problems = self.job.source.check_available(self.settings, window.offsets)
                 if problems and stage.complete() is None:
@@ -765,6 +774,8 @@ class Engine:
                     continue
                 self.process_window(window, epoch, run_id)
         finally:
+            for group in self.groups:
+                group.end_replay()
             self._forget_plans()
         replayed = Replayed()
         for sink, ids in lacking.items():

@@ -34,6 +34,12 @@ class SinkError(OnceflowError):
     """A sink refused or failed a write."""
 
 
+class SinkStateError(SinkError):
+    """A sink is not in the state the ledger expects: its table is missing, was replaced, or
+    lacks windows or restatements it committed (deleted, recreated or restored from an older
+    copy). Nothing was written; `onceflow reconcile` puts back what it lacks."""
+
+
 class TransientSinkError(SinkError):
     """A sink failed in a way that a later attempt can get past (connection lost, conflict)."""
 

@@ -23,6 +23,7 @@ from onceflow._identifiers import session_name
 from onceflow.errors import FencedError, LedgerError
 from onceflow.lineage import ensure_view
 from onceflow.postgres import Sessions, connect, retrying
+from onceflow.sink_state import DDL as SINK_STATE_DDL
 
 _log = logging.getLogger(__name__)
 
@@ -220,6 +221,7 @@ class Ledger:
             # Concurrent CREATE ... IF NOT EXISTS can still collide on the catalog; serialise.
             conn.execute("SELECT pg_advisory_xact_lock(hashtext('onceflow.schema'))")
             conn.execute(_DDL)
+            conn.execute(SINK_STATE_DDL)
             ensure_view(conn)
 
         self.write("create the ledger tables", create)

@@ -180,6 +180,25 @@ def test_payments_exact_when_listings_show_new_log_entries_late(site: S3Site) ->
     site.assert_exact()
 
 
+def test_a_new_table_whose_first_log_entry_is_listed_late_is_created_once(site: S3Site) -> None:
+    """The store leaves a new table's first log entry out of listings for seconds: creating
+    the table is decided by reading that entry by name, and loading it waits for the listing,
+    so the first run finishes exact instead of failing with a table that "does not exist"."""
+    proxy = S3Proxy(
+        f"{site.s3.host}:{site.s3.port}",
+        hide_path=r"/lake/payments/_delta_log/0{20}\.json$",
+        hide_for_s=3.0,
+    ).start()
+    try:
+        site.endpoint = proxy.endpoint
+        first = site.payments(max_files=3)
+        assert proxy.hidden, "no listing left the first log entry out"
+        assert first.returncode == 0, first.stderr[-2000:]
+    finally:
+        proxy.stop()
+    site.assert_exact()
+
+
 # daily_totals's own fault points (its only sink is PostgreSQL, so no `after_delta`).
 TOTALS_POINTS = (
     "plan",

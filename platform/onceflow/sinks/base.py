@@ -192,6 +192,20 @@ class SinkGroup(ABC):
     def held(self, window_ids: Sequence[int]) -> dict[str, set[int]]:
         """For each sink, which of `window_ids` it holds."""
 
+    def state_problems(self) -> dict[str, str]:
+        """For each sink not in the state the ledger expects, beyond windows it lacks (`held`
+        tells those): what is wrong, e.g. restatements it lost. Empty when all is well."""
+        return {}
+
+    def prepare_replay(self) -> None:
+        """Before windows a sink lacks are put back (reconcile, recovery): accept the sink's
+        table as it stands as the one to make whole (a lost table may be created again)."""
+        return None
+
+    def end_replay(self) -> None:
+        """After the windows a sink lacked were put back."""
+        return None
+
     @abstractmethod
     def committed_through(self) -> dict[str, int]:
         """For each sink, the highest window id it holds (0 for none)."""

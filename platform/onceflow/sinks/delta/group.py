@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from onceflow._delta_read import read_snapshot, spark_schema
 from onceflow.errors import ConfigurationError, SinkError
+from onceflow.sink_state import Expected, SinkState
 from onceflow.sinks.base import (
     ReconcileScope,
     RecordedWindow,
@@ -53,6 +54,31 @@ class DeltaGroup(SinkGroup):
         self.specs = (spec,)
         self.ctx = ctx
         self.table = DeltaTableSink(ctx.job.name, spec.name, ctx.settings.lake / spec.table)
+        self.state = SinkState(ctx.ledger)
+        # While `replay_lacking` puts windows back, a table restored from an older copy may
+        # lack restatements too; reconcile's diff repairs those after the replay.
+        self._replaying = False
+
+    @property
+    def _checked(self) -> bool:
+        # Guarantee is a str enum; the module is not imported here (job imports the sinks).
+        return self.ctx.job.guarantee == "exactly_once"
+
+    def _expected(self, window_id: int) -> Expected:
+        expected = self.state.expected(self.spec.name, window_id)
+        if self._replaying:
+            return Expected(expected.identity, expected.through, 0)
+        return expected
+
+    def _recorded_table(self) -> object | None:
+        """The table if it is the one the ledger recorded (or none is recorded), else None."""
+        if not self.table.exists():
+            return None
+        table = self.table.table()
+        recorded = self.state.identity(self.spec.name)
+        if recorded is not None and self.table.identity(table) != recorded:
+            return None
+        return table
 
     def prepare(self) -> None:
         # The table is created by the first commit, from the data's schema.
@@ -65,8 +91,39 @@ class DeltaGroup(SinkGroup):
         self.table.claim_epoch(epoch)
 
     def held(self, window_ids: Sequence[int]) -> dict[str, set[int]]:
-        through = self.table.committed_through()
+        # Every commit checked that the table was the recorded one and held exactly the windows
+        # the ledger expected before it: so the recorded table holds every expected window up
+        # to its app transaction's version, and another table holds none of them.
+        table = self._recorded_table()
+        if table is None:
+            return {self.spec.name: set()}
+        through = table.transaction_version(self.table.app_id) or 0  # type: ignore[attr-defined]
         return {self.spec.name: {w for w in window_ids if w <= through}}
+
+    def state_problems(self) -> dict[str, str]:
+        table = self._recorded_table()
+        if table is None or not self._checked:
+            return {}
+        applied = table.transaction_version(self.table.restate_app) or 0  # type: ignore[attr-defined]
+        through = table.transaction_version(self.table.app_id) or 0  # type: ignore[attr-defined]
+        completed = self.state.restated_through()
+        if through and applied < completed:
+            return {
+                self.spec.name: f"has applied restatements through {applied}, the ledger "
+                f"completed restatements through {completed}"
+            }
+        return {}
+
+    def prepare_replay(self) -> None:
+        if not self.table.exists():
+            self.state.forget_identity(self.spec.name)
+        else:
+            # The table as it stands is the one to make whole (reconcile diffs its rows).
+            self.state.record_identity(self.spec.name, self.table.identity(self.table.table()))
+        self._replaying = True
+
+    def end_replay(self) -> None:
+        self._replaying = False
 
     def committed_through(self) -> dict[str, int]:
         return {self.spec.name: self.table.committed_through()}
@@ -93,7 +150,13 @@ class DeltaGroup(SinkGroup):
         if self.spec.name not in sinks:
             return WindowWrite([])
         schema = spark_schema_to_arrow(outputs[self.spec.output])
-        self.table.ensure_table(schema)
+        if self._checked:
+            expected = self._expected(window.window_id)
+            identity = self.table.ensure_table(schema, expected)
+            if expected.identity is None and identity is not None:
+                self.state.record_identity(self.spec.name, identity)
+        else:
+            self.table.ensure_table(schema)
         writer = self.table.file_writer(
             self.spec.name, self.spec.output, schema, window.window_id, epoch
         )
@@ -119,6 +182,7 @@ class DeltaGroup(SinkGroup):
             run_id=run_id,
             offsets=window.offsets,
             exactly_once=exactly_once,
+            expected=self._expected(window.window_id) if exactly_once else None,
         )
         return self._outcome(commit, write.state)
 
@@ -245,6 +309,9 @@ class DeltaGroup(SinkGroup):
             epoch=epoch,
             run_id=run_id,
         )
+        if epoch is not None and window_col is not None and not scope.unverifiable:
+            # Its rows now are what every restatement made them: record them as applied.
+            self.table.record_restated(self.state.restated_through(), epoch)
         return SinkReconcile(diff, None, committed, compare if window_col else frozenset())
 
     def check_retention(self, oldest_window: datetime | None) -> None:

@@ -33,12 +33,14 @@ from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction
 
 from onceflow._identifiers import delta_app_id, epoch_app_id, restate_app_id
-from onceflow.errors import FencedError, SinkError, TransientSinkError
+from onceflow.errors import FencedError, SinkError, SinkStateError, TransientSinkError
 from onceflow.sinks.writers import ParquetFileWriter, run_writers
 from onceflow.storage import Location
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
+
+    from onceflow.sink_state import Expected
 
 _log = logging.getLogger(__name__)
 
@@ -48,6 +50,9 @@ COMMIT_TOKEN = f"{META_PREFIX}commit"
 # Attempts at a commit that keeps losing real conflicts, and the longest pause between two.
 COMMIT_ATTEMPTS = 12
 MAX_BACKOFF_S = 2.0
+# How long a table known to exist (its first log entry read by name) may stay hidden by a
+# listing that lags (an eventually consistent object store) before loading it fails.
+LISTING_LAG_S = 15.0
 
 T = TypeVar("T")
 
@@ -82,33 +87,115 @@ class DeltaTableSink:
     # -- table --------------------------------------------------------------------------------
 
     def exists(self) -> bool:
-        return DeltaTable.is_deltatable(self.path.uri, storage_options=self.options)
+        """Whether the table exists, decided by reading its log's first entry or its last
+        checkpoint by name (a listing on an object store may not show a new table yet)."""
+        log = self.path / "_delta_log"
+        return self._entry(0) is not None or (log / "_last_checkpoint").is_file()
 
     def table(self) -> DeltaTable:
-        try:
-            return DeltaTable(self.path.uri, storage_options=self.options)
-        except TableNotFoundError:
-            raise SinkError(
-                f"sink {self.sink}: Delta table {self.path} is missing; run the job to create it."
-            ) from None
-
-    def ensure_table(self, schema: pa.Schema) -> None:
-        if not self.exists():
-            self.path.mkdir()
+        deadline = time.monotonic() + LISTING_LAG_S
+        delay = 0.1
+        while True:
             try:
-                DeltaTable.create(
-                    self.path.uri,
-                    schema,
-                    mode="ignore",
-                    name=self.sink,
-                    storage_options=self.options,
-                )
-            except Exception as exc:  # a concurrent creator is fine; anything else is not
-                if not self.exists():
-                    raise SinkError(
-                        f"sink {self.sink}: cannot create Delta table {self.path} "
-                        f"({type(exc).__name__})"
-                    ) from None
+                return DeltaTable(self.path.uri, storage_options=self.options)
+            except TableNotFoundError:
+                # Loading lists the log; a table whose entries can be read by name is there,
+                # and the listing will show it.
+                if time.monotonic() < deadline and self.exists():
+                    time.sleep(delay)
+                    delay = min(delay * 2, 1.0)
+                    continue
+                raise SinkStateError(
+                    f"sink {self.sink}: Delta table {self.path} is missing. "
+                    f"{self._reconcile_hint()}"
+                ) from None
+
+    def _reconcile_hint(self) -> str:
+        return (
+            f"Run `onceflow reconcile {self.job}`: it puts back every window the table lacks "
+            "(through the commit protocol), then run the job again."
+        )
+
+    @staticmethod
+    def identity(table: DeltaTable) -> str:
+        """The table's id, set when it was created and kept by every commit; a table deleted
+        and created again at the same path has another one."""
+        return str(table.metadata().id)
+
+    def ensure_table(self, schema: pa.Schema, expected: Expected | None = None) -> str | None:
+        """Create the table if it is missing and nothing says it existed; return its identity.
+
+        With `expected` (an exactly-once job), a missing table is created only when the sink
+        must hold no window yet and the ledger recorded no table for it; an existing table must
+        be the one recorded. Never creates a table in the middle of a job's life.
+
+        Raises:
+            SinkStateError: The table is missing though the sink holds windows, or is not the
+                table the ledger recorded.
+        """
+        if self.exists():
+            identity = self.identity(self.table())
+            if expected is not None and expected.identity not in (None, identity):
+                raise self._replaced(expected.identity, identity)
+            return identity
+        if expected is not None and (expected.identity is not None or expected.through):
+            raise SinkStateError(
+                f"sink {self.sink}: Delta table {self.path} is missing, but the ledger records "
+                f"that it holds windows through {expected.through} (was the lake deleted or "
+                f"moved?). Nothing was written. {self._reconcile_hint()}"
+            )
+        self.path.mkdir()
+        try:
+            DeltaTable.create(
+                self.path.uri, schema, mode="error", name=self.sink, storage_options=self.options
+            )
+        except Exception as exc:
+            # Created by a concurrent writer, or by this call with its answer lost: decided by
+            # reading the first log entry by name, not from a listing.
+            if not self.exists():
+                raise SinkError(
+                    f"sink {self.sink}: cannot create Delta table {self.path} "
+                    f"({type(exc).__name__})"
+                ) from None
+        return self.identity(self.table())
+
+    def _replaced(self, recorded: str, found: str) -> SinkStateError:
+        return SinkStateError(
+            f"sink {self.sink}: Delta table {self.path} is not the table onceflow wrote (its id "
+            f"is {found}, the ledger recorded {recorded}): it was deleted and created again, or "
+            f"another table was put in its place. Nothing was written. {self._reconcile_hint()}"
+        )
+
+    def check_holds(self, table: DeltaTable, expected: Expected, window_id: int) -> bool:
+        """On the snapshot `table` a commit of `window_id` is made against: True if the table
+        holds the window already; raise unless it is exactly the state the ledger expects.
+
+        Raises:
+            SinkStateError: Another table, a table that lacks windows or restatements the ledger
+                says it committed, or one that holds windows the ledger never completed.
+        """
+        found = self.identity(table)
+        if expected.identity is not None and found != expected.identity:
+            raise self._replaced(expected.identity, found)
+        through = table.transaction_version(self.app_id) or 0
+        if through >= window_id:
+            return True
+        if through != expected.through:
+            raise SinkStateError(
+                f"sink {self.sink}: Delta table {self.path} holds windows through {through}, "
+                f"but the ledger records that it committed windows through {expected.through} "
+                "(was it restored from an older copy, or written outside onceflow?). Nothing "
+                f"was written. {self._reconcile_hint()}"
+            )
+        restated = table.transaction_version(self.restate_app) or 0
+        if expected.through and restated < expected.restated:
+            raise SinkStateError(
+                f"sink {self.sink}: Delta table {self.path} has applied restatements through "
+                f"{restated}, but the ledger completed restatements through {expected.restated} "
+                "(was it restored from an older copy?). Nothing was written. "
+                f"{self._reconcile_hint()}"
+            )
+        return False
 
     def committed_through(self) -> int:
         """The highest window id this sink holds (0 if none)."""
@@ -246,6 +333,29 @@ class DeltaTableSink:
             ),
         )
 
+    def record_restated(self, seq: int, epoch: int) -> None:
+        """Record restatements through `seq` as applied (after reconcile made the rows so)."""
+        if seq == 0 or not self.exists():
+            return
+
+        def attempt(table: DeltaTable) -> bool | None:
+            self._check(table, 0, epoch)
+            return True if (table.transaction_version(self.restate_app) or 0) >= seq else None
+
+        self._commit(
+            attempt,
+            lambda table: [],
+            lambda table: CommitProperties(
+                custom_metadata={
+                    f"{META_PREFIX}job": self.job,
+                    f"{META_PREFIX}sink": self.sink,
+                    f"{META_PREFIX}epoch": str(epoch),
+                },
+                max_commit_retries=0,
+                app_transactions=[Transaction(self.restate_app, seq)],
+            ),
+        )
+
     def file_writer(
         self, key: str, output: str, schema: pa.Schema, window_id: int, epoch: int
     ) -> ParquetFileWriter:
@@ -298,8 +408,14 @@ class DeltaTableSink:
         run_id: str,
         offsets: dict[str, Any],
         exactly_once: bool = True,
+        expected: Expected | None = None,
     ) -> DeltaCommit:
-        """Commit the window's files (`adds`) in one Delta commit, unless the table holds it."""
+        """Commit the window's files (`adds`) in one Delta commit, unless the table holds it.
+
+        With `expected` (what the ledger says the table holds), the commit is made only on a
+        snapshot that is exactly that state (`check_holds`). A table's first window also
+        records the job's restatements as applied: no window it holds was restated before.
+        """
         rows = sum(json.loads(a.stats)["numRecords"] for a in adds)
         metadata = {
             f"{META_PREFIX}job": self.job,
@@ -313,11 +429,29 @@ class DeltaTableSink:
 
         def attempt(table: DeltaTable) -> DeltaCommit | None:
             if exactly_once:
-                if (table.transaction_version(self.app_id) or 0) >= window_id:
+                if expected is not None:
+                    held = self.check_holds(table, expected, window_id)
+                else:
+                    held = (table.transaction_version(self.app_id) or 0) >= window_id
+                if held:
                     self._discard(adds)
                     return DeltaCommit(None, 0, True)
                 self._check(table, window_id, epoch)
             return None
+
+        def transactions(table: DeltaTable) -> list[Transaction]:
+            txns = [
+                Transaction(self.app_id, window_id),
+                # The first commit of a run claims the table for its epoch too.
+                Transaction(self.epoch_app, epoch),
+            ]
+            if (
+                expected is not None
+                and expected.through == 0
+                and expected.restated > (table.transaction_version(self.restate_app) or 0)
+            ):
+                txns.append(Transaction(self.restate_app, expected.restated))
+            return txns
 
         done = self._commit(
             attempt,
@@ -325,11 +459,7 @@ class DeltaTableSink:
             lambda table: CommitProperties(
                 custom_metadata=metadata,
                 max_commit_retries=0,
-                app_transactions=[
-                    Transaction(self.app_id, window_id),
-                    # The first commit of a run claims the table for its epoch too.
-                    Transaction(self.epoch_app, epoch),
-                ],
+                app_transactions=transactions(table),
             ),
         )
         if isinstance(done, DeltaCommit):

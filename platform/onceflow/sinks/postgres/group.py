@@ -15,6 +15,7 @@ from psycopg.rows import tuple_row
 from onceflow import faults
 from onceflow.errors import SinkError, TransientSinkError
 from onceflow.postgres import connect, database_uri, retrying
+from onceflow.sink_state import SinkState
 from onceflow.sinks.base import (
     ReconcileScope,
     RecordedWindow,
@@ -65,6 +66,7 @@ class PostgresGroup(SinkGroup):
         self.ctx = ctx
         self.job = ctx.job.name
         self._tx = Transaction(self.job, ctx.dsn, ctx.ledger)
+        self.state = SinkState(ctx.ledger)
 
     # Reads and the idempotent DDL are done again after a lost connection; the commit itself
     # is decided by its markers (`Transaction`).
@@ -89,6 +91,63 @@ class PostgresGroup(SinkGroup):
                 conn.commit()
 
         retrying(create, what=f"create the tables of job {self.job}", dsn=self.ctx.dsn)
+        # A table's identity is its oid: one dropped and created again (by the `CREATE TABLE
+        # IF NOT EXISTS` above, or by hand) is another table, and its markers do not hold.
+        current = self._oids()
+        for name, identity in self._recorded().items():
+            if identity is None and current.get(name):
+                self.state.record_identity(name, current[name])
+
+    def _oids(self) -> dict[str, str | None]:
+        """The oid of each sink's table now (None if missing)."""
+
+        def read(conn: Any) -> dict[str, str | None]:
+            out: dict[str, str | None] = {}
+            for spec in self.specs:
+                row = conn.execute(
+                    "SELECT to_regclass(%s)::oid::text",
+                    (sql.Identifier(spec.schema, spec.table).as_string(conn),),
+                ).fetchone()
+                out[spec.name] = row[0] if row else None
+            return out
+
+        return self._read("read the sink tables' oids", read)
+
+    def _recorded(self) -> dict[str, str | None]:
+        return {name: self.state.identity(name) for name in self.by_name}
+
+    def _replaced(self) -> set[str]:
+        """Sinks whose table is not the one recorded (dropped, created again)."""
+        current = self._oids()
+        return {
+            name
+            for name, identity in self._recorded().items()
+            if identity is not None and current.get(name) != identity
+        }
+
+    def prepare_replay(self) -> None:
+        replaced = self._replaced()
+        if not replaced:
+            return
+        current = self._oids()
+
+        def forget(conn: Any) -> None:
+            # The markers and contributions of a table that is gone describe nothing now; the
+            # windows are put back into the table there is, through the commit protocol.
+            for table in ("sink_commits", "restate_commits", "window_contributions"):
+                conn.execute(
+                    sql.SQL("DELETE FROM {} WHERE job = %s AND sink = ANY(%s)").format(
+                        sql.Identifier("onceflow", table)
+                    ),
+                    (self.job, sorted(replaced)),
+                )
+
+        self.ctx.ledger.write("forget the markers of replaced sink tables", forget)
+        for name in replaced:
+            if current.get(name):
+                self.state.record_identity(name, current[name])  # type: ignore[arg-type]
+            else:
+                self.state.forget_identity(name)
 
     def epoch_floor(self) -> int:
         row = self._read(
@@ -124,8 +183,10 @@ class PostgresGroup(SinkGroup):
 
     def held(self, window_ids: Sequence[int]) -> dict[str, set[int]]:
         held: dict[str, set[int]] = {name: set() for name in self.by_name}
+        replaced = self._replaced()
         for sink, wid, _, _ in self._markers(window_ids):
-            held[sink].add(int(wid))
+            if sink not in replaced:
+                held[sink].add(int(wid))
         return held
 
     def committed_through(self) -> dict[str, int]:

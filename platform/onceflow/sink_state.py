@@ -1,0 +1,120 @@
+"""What the ledger expects each sink to hold, for a sink to prove it before every commit.
+
+A sink's own records (a Delta table's application transaction, say) say how far it got, not
+that it got there in one piece: a table deleted and created again, or restored from an older
+copy, starts again from the middle. So the ledger records each sink's identity (a Delta table's
+id, taken when onceflow created or adopted the table) and knows which windows the sink must
+hold before window N (every completed window before N that was neither skipped nor abandoned
+for it) and which restatements. A sink checks these on the snapshot it commits against, in the
+same atomic commit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from onceflow.ledger import Ledger
+
+DDL = """
+CREATE TABLE IF NOT EXISTS onceflow.sink_tables (
+    job text NOT NULL,
+    sink text NOT NULL,
+    identity text NOT NULL,
+    recorded_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (job, sink)
+);
+"""
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What a sink must be before it commits a window.
+
+    Attributes:
+        identity: The table's identity the ledger recorded (None: none recorded yet).
+        through: The window the sink must hold last before this one (0: none).
+        restated: The highest restatement the sink must have applied (0: none).
+    """
+
+    identity: str | None
+    through: int
+    restated: int
+
+
+class SinkState:
+    """The ledger's record of one job's sinks: identities and what each must hold."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+        self.job = ledger.job
+
+    def expected(self, sink: str, before: int) -> Expected:
+        """What `sink` must hold before it commits window `before` (one round trip)."""
+
+        def read(conn: psycopg.Connection) -> tuple[str | None, int, int]:
+            row = conn.execute(
+                "SELECT (SELECT identity FROM onceflow.sink_tables WHERE job = %(job)s"
+                "        AND sink = %(sink)s),"
+                " (SELECT coalesce(max(w.window_id), 0) FROM onceflow.windows w"
+                "  WHERE w.job = %(job)s AND w.window_id < %(before)s"
+                "  AND w.completed_at IS NOT NULL AND w.skipped_at IS NULL),"
+                " (SELECT coalesce(max(seq), 0) FROM onceflow.restatements"
+                "  WHERE job = %(job)s AND completed_at IS NOT NULL)",
+                {"job": self.job, "sink": sink, "before": before},
+            ).fetchone()
+            assert row is not None
+            return row[0], int(row[1]), int(row[2])
+
+        identity, through, restated = self.ledger.read(
+            f"read what sink {sink} must hold before window {before}", read
+        )
+        return Expected(identity, through, restated)
+
+    def identity(self, sink: str) -> str | None:
+        row = self.ledger.read(
+            f"read sink {sink}'s identity",
+            lambda conn: conn.execute(
+                "SELECT identity FROM onceflow.sink_tables WHERE job = %s AND sink = %s",
+                (self.job, sink),
+            ).fetchone(),
+        )
+        return str(row[0]) if row else None
+
+    def record_identity(self, sink: str, identity: str) -> None:
+        """Record the table `sink` writes to from now on (set-to-a-value: safe to repeat)."""
+        self.ledger.write(
+            f"record sink {sink}'s identity",
+            lambda conn: conn.execute(
+                "INSERT INTO onceflow.sink_tables (job, sink, identity) VALUES (%s, %s, %s)"
+                " ON CONFLICT (job, sink) DO UPDATE SET identity = EXCLUDED.identity,"
+                " recorded_at = now()",
+                (self.job, sink, identity),
+            ),
+        )
+
+    def forget_identity(self, sink: str) -> None:
+        """Forget `sink`'s table, so the next window that may create it does (reconcile of a
+        lost table); set-to-a-value, safe to repeat."""
+        self.ledger.write(
+            f"forget sink {sink}'s identity",
+            lambda conn: conn.execute(
+                "DELETE FROM onceflow.sink_tables WHERE job = %s AND sink = %s",
+                (self.job, sink),
+            ),
+        )
+
+    def restated_through(self) -> int:
+        """The highest completed restatement of the job (0: none)."""
+        row = self.ledger.read(
+            "read the newest completed restatement",
+            lambda conn: conn.execute(
+                "SELECT coalesce(max(seq), 0) FROM onceflow.restatements"
+                " WHERE job = %s AND completed_at IS NOT NULL",
+                (self.job,),
+            ).fetchone(),
+        )
+        return int(row[0]) if row else 0
