@@ -4,7 +4,8 @@ Run, restatement and reconcile all compute a job's outputs here, for one window 
 sequence of windows. The first valid occurrence of each dedupe key in source order (window,
 unit, position) is kept, over the whole sequence and against `seen`, the keys earlier windows
 kept (from the dedupe state sink) — so a window computed alone and the same window computed
-inside a sequence give the same rows.
+inside a sequence give the same rows. A record whose dedupe key has a null part is quarantined
+(`_keyindex.null_key_columns`), the same in every window and every sequence.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pyspark import StorageLevel
 
 from onceflow import _window_params as window_params
 from onceflow._identifiers import spark_sql_name, spark_sql_string
-from onceflow._keyindex import KEY_COL, SEEN_COL, SeenLookup
+from onceflow._keyindex import KEY_COL, SEEN_COL, SeenLookup, null_key_columns
 from onceflow.errors import ConfigurationError
 from onceflow.job import Job, WindowContext
 from onceflow.sources.base import RAW_TEXT_COLUMN, REASON_COLUMN, ArrowParse, BatchFunction
@@ -341,6 +342,16 @@ def compute(
     for column in (REASON_COLUMN, RAW_TEXT_COLUMN):
         if column not in parsed.columns:
             parsed = parsed.withColumn(column, F.lit(None).cast("string"))
+    if job.dedupe is not None:
+        keys = list(job.dedupe.key)
+        missing = [k for k in keys if k not in parsed.columns]
+        if missing:
+            raise ConfigurationError(
+                f"job {job.name}: dedupe key {missing} is not a column of the parsed records."
+            )
+        # A record whose key has a null part has no key: quarantined, the one rule for it.
+        rule = null_key_columns(keys, parsed.columns, (WINDOW_COL, KEY_COL, SEEN_COL))
+        parsed = parsed.withColumns({name: F.expr(sql) for name, sql in rule.items()})
     parsed = parsed.persist(StorageLevel.MEMORY_AND_DISK)
     # Each DataFrame operation, and each Column built in Python, costs round trips to the JVM
     # on every window: filters are combined, SEEN_COL is dropped with KEY_COL, not on its
@@ -350,13 +361,6 @@ def compute(
         is_valid = f"{is_valid} AND NOT {spark_sql_name(SEEN_COL)}"
     valid = parsed.where(is_valid)
     invalid = parsed.where(f"{spark_sql_name(REASON_COLUMN)} IS NOT NULL")
-    if job.dedupe is not None:
-        keys = list(job.dedupe.key)
-        missing = [k for k in keys if k not in parsed.columns]
-        if missing:
-            raise ConfigurationError(
-                f"job {job.name}: dedupe key {missing} is not a column of the parsed records."
-            )
     if job.dedupe is not None and not deduped:
         if seen is not None:
             valid = (

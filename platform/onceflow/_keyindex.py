@@ -15,6 +15,11 @@ behind. Lookups are filtered by `window_id < N`, so a window replayed after late
 indexed (a lost lake put back) is deduplicated as the first time. If the index lacks completed
 windows (made before the index existed, a lost staging table, a ledger rebuilt from the sinks),
 they are indexed again from the dedupe state sink before the next window is computed.
+
+A record whose dedupe key has a null part has no key (`null_key_columns`): it is invalid,
+quarantined with the reason `dedupe key column <c> is null`, never looked up, kept or indexed.
+Run, replay, restatement and reconcile all compute through `_compute.compute`, which applies
+that rule, so they agree on it.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from typing import TYPE_CHECKING
 import psycopg
 from psycopg import sql
 
+from onceflow._identifiers import spark_sql_name, spark_sql_string
 from onceflow.errors import SourceError
 from onceflow.postgres import (
     connect,
@@ -40,7 +46,7 @@ from onceflow.postgres import (
     retry_delays,
 )
 from onceflow.sinks.postgres.commit import CopyWriter
-from onceflow.sources.base import REASON_COLUMN
+from onceflow.sources.base import POSITION_COLUMNS, RAW_TEXT_COLUMN, REASON_COLUMN
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -81,7 +87,8 @@ CREATE TABLE IF NOT EXISTS onceflow.dedupe_windows (
 
 def key_strings(batch: pa.RecordBatch, columns: Sequence[str]) -> pa.Array:
     """The dedupe key of each row as text: the value itself for a one-column key, else a JSON
-    array of the values as text; null where a key column is null."""
+    array of the values as text; null where a key column is null (a record without a key:
+    `null_key_columns`). A null is never text, so no value ("None", "null", "") meets it."""
     import json
 
     import pyarrow as pa
@@ -94,6 +101,43 @@ def key_strings(batch: pa.RecordBatch, columns: Sequence[str]) -> pa.Array:
         [None if None in row else json.dumps(list(row)) for row in zip(*parts, strict=True)],
         pa.string(),
     )
+
+
+def null_key_columns(
+    key: Sequence[str], columns: Sequence[str], internal: Sequence[str] = ()
+) -> dict[str, str]:
+    """The rule for dedupe keys with a null part, as Spark SQL for the parsed rows' columns.
+
+    Such a record is invalid: `_reason` becomes `dedupe key column <c> is null` (its first
+    null key column) and `_raw_text` the record's columns as JSON (a typed source gives no
+    text for a valid record). A record that is invalid already keeps its reason.
+
+    Quarantined rather than kept: without its key a record cannot be told from a repeat of
+    it, so keeping it may double it and dropping it may lose it (docs/jobs.md).
+
+    Args:
+        key: The dedupe key columns.
+        columns: The parsed rows' columns.
+        internal: Further columns that are not the record's (window id, lookup marks).
+
+    Returns:
+        Column name → expression, for `DataFrame.withColumns`.
+    """
+    reason, raw = spark_sql_name(REASON_COLUMN), spark_sql_name(RAW_TEXT_COLUMN)
+    why = " ".join(
+        f"WHEN {spark_sql_name(c)} IS NULL THEN {spark_sql_string(f'dedupe key column {c} is null')}"
+        for c in key
+    )
+    skip = {*POSITION_COLUMNS, REASON_COLUMN, RAW_TEXT_COLUMN, *internal}
+    record = ", ".join(spark_sql_name(c) for c in columns if c not in skip)
+    null_key = " OR ".join(f"{spark_sql_name(c)} IS NULL" for c in key)
+    return {
+        REASON_COLUMN: f"coalesce({reason}, CASE {why} END)",
+        RAW_TEXT_COLUMN: (
+            f"CASE WHEN {reason} IS NULL AND ({null_key}) THEN to_json(struct({record}), map('ignoreNullFields', 'false'))"
+            f" ELSE {raw} END"
+        ),
+    }
 
 
 def text_array(values: pa.Array) -> str:
@@ -115,8 +159,9 @@ def text_array(values: pa.Array) -> str:
 @dataclass(frozen=True)
 class SeenLookup:
     """A mapInArrow function adding KEY_COL (the dedupe key as text) and SEEN_COL (an earlier
-    window than `before` kept that key) to parsed rows; invalid rows (`_reason` set) are never
-    seen.
+    window than `before` kept that key) to parsed rows; invalid rows (`_reason` set) and rows
+    whose key has a null part (quarantined by the compute: `null_key_columns`) are never seen
+    and have no KEY_COL.
 
     Each batch's distinct keys are asked of the index (LOOKUP_CHUNK at a time) on one
     connection in a thread of the partition's own, while the next batch is parsed; a batch
@@ -131,7 +176,7 @@ class SeenLookup:
     staged: tuple[str, ...] = ()  # key staging tables of earlier windows not yet indexed
     #: The partition is the whole window in source order: a key's valid repeats after its
     #: first occurrence are marked seen too (as the compute's row_number would drop them),
-    #: keys compared as their values are, nulls equal.
+    #: keys compared as their values are.
     in_order: bool = False
 
     #: The columns it adds, as DDL.
@@ -169,7 +214,7 @@ class SeenLookup:
         seen = pa.array(list(answer.result()), pa.string())
         flags = pc.fill_null(pc.is_in(keys, value_set=seen), False)
         if repeats is not None:
-            flags = repeats.mark(batch, flags)
+            flags = repeats.mark(batch, flags, pc.is_valid(keys))
         return pa.RecordBatch.from_arrays(
             [*batch.columns, keys, flags],
             schema=batch.schema.append(pa.field(KEY_COL, pa.string())).append(
@@ -222,8 +267,8 @@ class _Repeats:
     """The keys of the valid rows a partition kept so far, to mark later occurrences seen.
 
     Keys are compared as the compute's `row_number() OVER (PARTITION BY key …)` compares them:
-    by value, a null equal to a null (one key column: the value as text, nulls kept; several:
-    a JSON array of them as text, nulls as JSON null)."""
+    by value (one key column: the value as text; several: a JSON array of them as text). Rows
+    without a key (a null part) take no part."""
 
     def __init__(self, columns: Sequence[str]) -> None:
         self.columns = list(columns)
@@ -268,23 +313,22 @@ class _Repeats:
         parts = [text(c).to_pylist() for c in self.columns]
         return pa.array([json.dumps(list(row)) for row in zip(*parts, strict=True)], pa.string())
 
-    def mark(self, batch: pa.RecordBatch, seen: pa.Array) -> pa.Array:
-        """`seen` (no nulls) also set on the valid rows whose key an earlier valid, unseen row of
-        the partition had; those earlier rows' keys are remembered."""
+    def mark(self, batch: pa.RecordBatch, seen: pa.Array, keyed: pa.Array) -> pa.Array:
+        """`seen` (no nulls) also set on the `keyed` rows (valid, with a whole key) whose key an
+        earlier keyed, unseen row of the partition had; those earlier rows' keys are
+        remembered."""
         import pyarrow as pa
         import pyarrow.compute as pc
 
         self._check_order(batch)
-        candidate = pc.invert(seen)
-        if REASON_COLUMN in batch.schema.names:
-            candidate = pc.and_(candidate, pc.is_null(batch.column(REASON_COLUMN)))
+        candidate = pc.and_(pc.invert(seen), keyed)
         rows = pc.indices_nonzero(candidate)
         if not len(rows):
             return seen
         keys = self._keys(batch).take(rows)
         earlier = pa.concat_arrays(self.kept) if self.kept else pa.array([], pa.string())
-        before = pc.is_in(keys, value_set=earlier, skip_nulls=False)
-        # The first row of each key in this batch (group_by puts the nulls in one group).
+        before = pc.is_in(keys, value_set=earlier)
+        # The first row of each key in this batch.
         firsts = (
             pa.table({"key": keys, "row": rows})
             .group_by("key", use_threads=False)

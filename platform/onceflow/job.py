@@ -51,7 +51,8 @@ class Dedupe:
     Keys seen in earlier windows are read from `state_sink` (a sink whose kind can hold dedupe
     state, such as a Delta sink keeping every kept row with its window id), restricted to
     windows before the current one, so a window replayed after a partial commit is deduplicated
-    exactly as the first time.
+    exactly as the first time. A record whose key has a null part has no key: it is quarantined
+    (reason `dedupe key column <c> is null`), every one, never kept or dropped as a duplicate.
     """
 
     key: tuple[str, ...]
