@@ -33,7 +33,13 @@ from psycopg import sql
 
 from onceflow import faults
 from onceflow._identifiers import session_name
-from onceflow.errors import CommitUnknownError, FencedError, SinkError, TransientSinkError
+from onceflow.errors import (
+    CommitUnknownError,
+    FencedError,
+    SinkError,
+    SinkStateError,
+    TransientSinkError,
+)
 from onceflow.postgres import (
     CONNECT_TIMEOUT_S,
     connect,
@@ -530,6 +536,7 @@ class Transaction:
             conn.execute("SET LOCAL synchronous_commit = on")
             if fenced:
                 self.ledger.fence(conn, epoch)
+                _check_tables(conn, self.job, [item.spec for item in staged])
             for item in staged:
                 marker = markers[item.spec.name]
                 if fenced and marker.exists(conn):
@@ -649,6 +656,29 @@ class Transaction:
 
 
 # -- the SQL of each mode -----------------------------------------------------------------------
+
+
+def _check_tables(conn: psycopg.Connection, job: str, specs: Sequence[PostgresSink]) -> None:
+    """Inside the window's transaction: each sink's table is the one the ledger recorded (a
+    table dropped and created again is another table, and the markers do not describe it)."""
+    rows = conn.execute(
+        "SELECT x.sink FROM unnest(%s::text[], %s::text[]) AS x(sink, qualified)"
+        " JOIN onceflow.sink_tables t ON t.job = %s AND t.sink = x.sink"
+        " WHERE to_regclass(x.qualified)::oid::text IS DISTINCT FROM t.identity",
+        (
+            [spec.name for spec in specs],
+            [_target(spec).as_string(conn) for spec in specs],
+            job,
+        ),
+    ).fetchall()
+    if rows:
+        names = ", ".join(sorted(str(r[0]) for r in rows))
+        raise SinkStateError(
+            f"sink {names}: the PostgreSQL table is not the one onceflow wrote (it was dropped "
+            "and created again). Nothing was written. Run "
+            f"`onceflow reconcile {job}`: it puts back every window the table lacks, then run "
+            "the job again."
+        )
 
 
 def _target(spec: PostgresSink) -> sql.Identifier:
