@@ -105,7 +105,8 @@ def restate_windows(
 
 def _rebased(engine: Engine, window_ids: Sequence[int]) -> dict[int, dict]:
     """The new offsets of the windows whose input was replaced under them (all the job's
-    windows if `window_ids` is empty), after checking each can be restated or replayed.
+    windows if `window_ids` is empty), after checking each can be restated or replayed;
+    pending and skipped windows are only re-pointed.
 
     Raises:
         ConfigurationError: The job deduplicates (its key index would keep first occurrences
@@ -119,11 +120,9 @@ def _rebased(engine: Engine, window_ids: Sequence[int]) -> dict[int, dict]:
             "instead (empty its sinks, drop its windows). Nothing was restated."
         )
     wanted = set(window_ids)
-    windows = [
-        w
-        for w in engine.ledger.windows()
-        if w.skipped is None and (not wanted or w.window_id in wanted)
-    ]
+    # Skipped windows too (re-pointed only: they have no effect): planning reads on after the
+    # newest window, skipped or not.
+    windows = [w for w in engine.ledger.windows() if not wanted or w.window_id in wanted]
     rebased = {
         w.window_id: offsets
         for w in windows
@@ -135,7 +134,8 @@ def _rebased(engine: Engine, window_ids: Sequence[int]) -> dict[int, dict]:
         which = "; ".join(f"window {w} is held by {', '.join(s)}" for w, s in partly.items())
         raise ConfigurationError(
             f"job {job.name}: {which} only, so it can be neither replayed from the new input "
-            "nor restated; run the job to finish it (from its recorded input), then restate. "
-            "Nothing was restated."
+            "(the sinks would disagree) nor restated; restore the table it was read from and "
+            "run the job to finish it, then restate, or start the job over. Nothing was "
+            "restated."
         )
     return rebased
