@@ -152,12 +152,19 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
 
 
 def cmd_restate(args: argparse.Namespace) -> int:
+    from onceflow.errors import ConfigurationError
     from onceflow.restate import restate_windows
     from onceflow.windows import parse_windows
 
-    ids = parse_windows(args.windows)
+    if args.windows is None and not args.source_replaced:
+        raise ConfigurationError("name the windows to restate (--windows 3-7).")
+    ids = parse_windows(args.windows) if args.windows is not None else []
     engine = _engine(args.job)
-    results = restate_windows(engine, ids, request_id=args.request_id)
+    results = restate_windows(
+        engine, ids, request_id=args.request_id, source_replaced=args.source_replaced
+    )
+    if args.source_replaced and not results:
+        print("no window's input was replaced; nothing was restated")
     for result in results:
         if result.noop:
             print(f"window {result.window_id}: this request already restated it; nothing changed")
@@ -335,7 +342,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     res = sub.add_parser("restate", help="replace chosen windows' effect in every sink")
     res.add_argument("job")
-    res.add_argument("--windows", required=True, help="window ids, e.g. 3-7 or 3,5,9-10")
+    res.add_argument("--windows", default=None, help="window ids, e.g. 3-7 or 3,5,9-10")
+    res.add_argument(
+        "--source-replaced",
+        action="store_true",
+        help="the source's input was replaced (an upstream Delta table recreated or restored): "
+        "restate every window (of --windows, default all) whose input changed, from the input "
+        "as it is now",
+    )
     res.add_argument(
         "--request-id",
         default=None,

@@ -301,6 +301,11 @@ class Engine:
                     found[rec.window_id] = Window(
                         self.job.name, rec.window_id, rec.offsets, rec.epoch
                     )
+        # A sink whose records no longer name every window it holds (a cleaned-up Delta log)
+        # cannot rebuild the ledger: the input of the unnamed windows would be planned again.
+        gaps = [gap for group in self.groups if (gap := group.unrecorded(known | found.keys()))]
+        if gaps:
+            raise LedgerError(f"job {self.job.name}: " + " ".join(gaps) + " Nothing was planned.")
         for wid in sorted(found):
             self.ledger.restore_window(found[wid], self.job.source.units(found[wid].offsets))
         indexed = self.ledger.indexed_windows()
@@ -313,7 +318,7 @@ class Engine:
         return sorted(found)
 
     def check_retention(self) -> None:
-        """Refuse when a sink may forget the commit records a replay needs."""
+        """Refuse when a sink may forget the commit records a replay or a rebuild needs."""
         row = self.ledger.read(
             "read the oldest window's age",
             lambda conn: conn.execute(
@@ -322,7 +327,8 @@ class Engine:
         )
         oldest = row[0] if row else None
         for group in self.groups:
-            group.check_retention(oldest)
+            elsewhere = any(g.keeps_window_records for g in self.groups if g is not group)
+            group.check_retention(oldest, records_elsewhere=elsewhere)
 
     def start(self, run_id: str) -> int:
         """The start-up of every writing run: prepare, rebuild the ledger from the sinks, check

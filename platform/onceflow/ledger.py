@@ -551,6 +551,19 @@ class Ledger:
 
         self.write(f"skip window {window_id}", skip, epoch)
 
+    def rebase_window(self, epoch: int, window_id: int, offsets: Mapping[str, Any]) -> None:
+        """Point a window at its input as it is now (`Source.rebased`: the same units, what
+        they hold recorded anew); fenced, and set-to-a-value, so a retry is harmless."""
+
+        def rebase(conn: psycopg.Connection) -> None:
+            self.fence(conn, epoch)
+            conn.execute(
+                "UPDATE onceflow.windows SET offsets = %s WHERE job = %s AND window_id = %s",
+                (json.dumps(dict(offsets)), self.job, window_id),
+            )
+
+        self.write(f"rebase window {window_id}", rebase, epoch)
+
     def plan_restatement(self, epoch: int, window_id: int, request_id: str) -> int:
         """Write a restatement ahead; the same request always gets the same sequence number
         (so an attempt after an unanswered COMMIT finds the one that committed)."""

@@ -29,6 +29,7 @@ def restate_windows(
     *,
     request_id: str | None = None,
     run_id: str | None = None,
+    source_replaced: bool = False,
 ) -> list[WindowResult]:
     """Recompute `window_ids` with the job's current transform and replace their effect.
 
@@ -38,16 +39,27 @@ def restate_windows(
         request_id: Identifies the request; retries of one request restate each window once.
             Defaults to a new id (a new request).
         run_id: This run's id, recorded with the commits.
+        source_replaced: The source's input was replaced under the windows (an upstream Delta
+            table recreated or restored from an older copy): every window of `window_ids` (all
+            the job's windows if empty) whose input changed is pointed at the input as it is
+            now (`Source.rebased`) and restated from it; the others are left alone.
 
     Raises:
         ConfigurationError: A window was never planned.
         SinkError: A sink cannot restate a window (checked before anything changes).
+        SourceError: The replaced input cannot be read for a window (yet).
     """
     run_id = run_id or uuid.uuid4().hex
     request_id = request_id or run_id
     epoch = engine.start(run_id)
     engine.check_sinks_hold_completed()
     ledger = engine.ledger
+    rebased: dict[int, dict] = {}
+    if source_replaced:
+        rebased = _rebased(engine, window_ids)
+        window_ids = [
+            w.window_id for w in ledger.windows() if w.completed and w.window_id in rebased
+        ]
     windows: list[Window] = []
     for wid in sorted(set(window_ids)):
         window = ledger.window(wid)
@@ -68,6 +80,14 @@ def restate_windows(
         )
         for window in windows
     ]
+    # Re-pointed only once every sink can restate them and their restatements are written
+    # ahead: a restatement cut short is finished by the next run, from the new offsets
+    # (pending windows are replayed from them).
+    for window in windows if rebased else ():
+        for group in engine.groups:
+            group.check_restate(window)
+    for wid, offsets in sorted(rebased.items()):
+        ledger.rebase_window(epoch, wid, offsets)
     # Every unfinished restatement, older requests' first: a Delta table records only the
     # highest sequence number it applied, so they must be applied in order.
     todo = engine.planned_restatements()
@@ -81,3 +101,41 @@ def restate_windows(
     results += engine.restate(todo, epoch, run_id)
     results.sort(key=lambda r: r.window_id)
     return results
+
+
+def _rebased(engine: Engine, window_ids: Sequence[int]) -> dict[int, dict]:
+    """The new offsets of the windows whose input was replaced under them (all the job's
+    windows if `window_ids` is empty), after checking each can be restated or replayed;
+    pending and skipped windows are only re-pointed.
+
+    Raises:
+        ConfigurationError: The job deduplicates (its key index would keep first occurrences
+            from the old input), or a window is held by some sinks only.
+    """
+    job = engine.job
+    if job.dedupe is not None:
+        raise ConfigurationError(
+            f"job {job.name}: it deduplicates, and its key index holds first occurrences read "
+            "from the replaced input, which a restatement does not change; start the job over "
+            "instead (empty its sinks, drop its windows). Nothing was restated."
+        )
+    wanted = set(window_ids)
+    # Skipped windows too (re-pointed only: they have no effect): planning reads on after the
+    # newest window, skipped or not.
+    windows = [w for w in engine.ledger.windows() if not wanted or w.window_id in wanted]
+    rebased = {
+        w.window_id: offsets
+        for w in windows
+        if (offsets := job.source.rebased(engine.settings, w.offsets)) is not None
+    }
+    pending = [w.window_id for w in windows if w.window_id in rebased and not w.completed]
+    partly = {wid: sorted(sinks) for wid, sinks in engine.held(pending).items() if sinks}
+    if partly:
+        which = "; ".join(f"window {w} is held by {', '.join(s)}" for w, s in partly.items())
+        raise ConfigurationError(
+            f"job {job.name}: {which} only, so it can be neither replayed from the new input "
+            "(the sinks would disagree) nor restated; restore the table it was read from and "
+            "run the job to finish it, then restate, or start the job over. Nothing was "
+            "restated."
+        )
+    return rebased

@@ -12,6 +12,7 @@ own window, new payments committed by `onceflow run payments` before the recover
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import signal
 import time
 from collections.abc import Mapping
@@ -237,3 +238,88 @@ def test_daily_totals_crash_at_fault_point_then_rerun_is_exact(
     assert sum(c for _, c in truth.values()) == 390
     diff = assert_totals_exact(truth, pg_dsn, f"crash at {point}@{CRASH_WINDOW}")
     assert diff.lost == diff.doubled == 0
+
+
+# -- the payments table replaced under daily_totals -----------------------------------------------
+
+
+def _refill_with_other_rows(path: Path, versions: int) -> None:
+    """Delete the payments table and write another in its place: every other payment of the old
+    one, some with other amounts, in `versions` commits (so it reaches the versions read)."""
+    import pyarrow.compute as pc
+    from deltalake import write_deltalake
+
+    old = DeltaTable(str(path)).to_pyarrow_table()
+    shutil.rmtree(path)
+    kept = old.take(list(range(0, old.num_rows, 2)))
+    amounts = pc.multiply(kept.column("amount_cents"), 3)
+    kept = kept.set_column(kept.schema.get_field_index("amount_cents"), "amount_cents", amounts)
+    size = -(-kept.num_rows // versions)
+    for start in range(0, kept.num_rows, size):
+        write_deltalake(str(path), kept.slice(start, size), mode="append")
+    assert DeltaTable(str(path)).version() == versions - 1
+
+
+@pytest.mark.parametrize("how", ["recreated", "restored"])
+def test_a_replaced_payments_table_is_refused_and_restated_exactly(
+    spark, how: str, pg_dsn: str, tmp_path: Path, lake: Path, landing: Path
+) -> None:
+    from onceflow.errors import LedgerError, SourceError
+
+    home = tmp_path / "home"
+    home.mkdir()
+    settings = Settings(home=home, postgres_dsn=pg_dsn, lake=lake, landing=landing)
+    payments = Engine(get_job("payments"), settings, spark, pg_dsn)
+    totals = Engine(get_job("daily_totals"), settings, spark, pg_dsn)
+    path = lake / "payments"
+
+    # daily_totals reads the payments table in two runs; a copy is taken between them.
+    generate_payments(landing, records=240, files=3, duplicate_rate=0.1, invalid_rate=0.05, seed=41)
+    payments.run(max_units_per_window=1)
+    totals.run(max_units_per_window=2)
+    shutil.copytree(path, tmp_path / "payments-copy")
+    generate_payments(landing, records=160, files=2, duplicate_rate=0.1, invalid_rate=0.05, seed=42)
+    payments.run(max_units_per_window=1)
+    totals.run(max_units_per_window=2)
+    assert_totals_exact(_both_oracles(landing, lake), pg_dsn, "before the table is replaced")
+    read_through = DeltaTable(str(path)).version()
+
+    if how == "recreated":
+        _refill_with_other_rows(path, read_through + 3)
+    else:
+        # Restored from the older copy; payments puts its later windows back (new versions
+        # with the old numbers), then more payments are committed on top.
+        shutil.rmtree(path)
+        shutil.copytree(tmp_path / "payments-copy", path)
+        with pytest.raises(LedgerError, match="onceflow reconcile payments"):
+            payments.run()
+        reconcile(payments)
+        generate_payments(landing, records=80, files=1, invalid_rate=0.05, seed=43)
+        payments.run()
+        assert DeltaTable(str(path)).version() > read_through
+    truth = totals_from_delta(lake)
+    if how == "restored":
+        assert truth == _both_oracles(landing, lake)
+
+    # daily_totals refuses: reading on after the versions it read would skip or repeat them.
+    before = sorted(actual_totals(pg_dsn))
+    with pytest.raises(SourceError) as refused:
+        totals.run()
+    message = str(refused.value)
+    assert "Delta table `payments`" in message and f"version {read_through}" in message, message
+    assert "`onceflow restate <job> --source-replaced`" in message, message
+    assert sorted(actual_totals(pg_dsn)) == before
+
+    # The recovery it names, by the real command, then a run: exact against the new table.
+    restated = _cli(_env(pg_dsn, lake, landing, home), home, "restate", "daily_totals",
+                    "--source-replaced")  # fmt: skip
+    assert restated.returncode == 0, restated.stderr[-3000:]
+    assert "restated in every sink" in restated.stdout, restated.stdout
+    Engine(get_job("daily_totals"), settings, spark, pg_dsn).run()
+    diff = assert_totals_exact(truth, pg_dsn, f"after the table was {how} and restated")
+    assert diff.lost == diff.doubled == 0
+    # Nothing left to restate; a run with nothing new changes nothing.
+    totals = Engine(get_job("daily_totals"), settings, spark, pg_dsn)
+    assert restate_windows(totals, [], source_replaced=True) == []
+    assert _changed_windows(totals.run()) == []
+    assert_totals_exact(truth, pg_dsn, "after a run with nothing new")

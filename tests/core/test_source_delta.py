@@ -8,6 +8,7 @@ and the signed rows of all windows must add up to the table's current content.
 from __future__ import annotations
 
 import json
+import shutil
 import time
 import uuid
 from collections import Counter
@@ -469,14 +470,25 @@ def test_discover_offsets_units_round_trip(lake: Path) -> None:
     assert source.discover(settings, {"table": "payments", "start": 0, "end": 2}) == []
 
     offsets = source.offsets(settings, units[1:])
-    assert offsets == {"table": "payments", "start": 1, "end": 2}
+    table_id = DeltaTable(str(path)).metadata().id
+    tokens = [_token(path, v) for v in range(3)]
+    assert offsets == {
+        "table": "payments",
+        "start": 1,
+        "end": 2,
+        "table_id": table_id,
+        "commits": tokens[1:],
+    }
     assert json.loads(json.dumps(offsets)) == offsets
     assert source.units(offsets) == units[1:]
     assert source.offsets(settings, list(reversed(units))) == {
         "table": "payments",
         "start": 0,
         "end": 2,
+        "table_id": table_id,
+        "commits": tokens,
     }
+    assert source.rebased(settings, offsets) is None  # the same table, the same commits
     with pytest.raises(SourceError, match="contiguous"):
         source.offsets(settings, [units[0], units[2]])
     with pytest.raises(SourceError, match="contiguous"):
@@ -493,6 +505,109 @@ def test_discover_offsets_units_round_trip(lake: Path) -> None:
     log = (path / "_delta_log" / f"{2:020d}.json").read_text().splitlines()
     sizes = [json.loads(line)["add"]["size"] for line in log if '"add"' in line]
     assert sizes and source.unit_size(settings, units[2]) == sum(sizes)
+
+
+# -- 7. the table's identity ----------------------------------------------------------------------
+
+
+def _token(path: Path, version: int) -> str:
+    from onceflow.sources.delta import commit_token
+
+    return commit_token((path / "_delta_log" / f"{version:020d}.json").read_bytes())
+
+
+def _plan_all(source: DeltaTableSource, settings: Settings, cuts: Sequence[int]) -> list[dict]:
+    """Offsets of windows planned the way the engine does, each ending at a cut."""
+    windows: list[dict] = []
+    after = None
+    for cut in cuts:
+        units = [u for u in source.discover(settings, after) if int(u) <= cut]
+        after = source.offsets(settings, units)
+        windows.append(after)
+    return windows
+
+
+def test_a_recreated_table_is_refused_never_skipped_or_read_again(spark, lake: Path) -> None:
+    path = lake / "payments"
+    for ids in ([1, 2], [3], [4], [5]):
+        write_deltalake(str(path), _rows(ids), mode="append")  # v0..v3
+    settings = _settings(lake)
+    source = DeltaTableSource("payments")
+    first, second = _plan_all(source, settings, [1, 3])
+    assert source.discover(settings, second) == []
+
+    # Deleted and created again with other rows, in fewer versions than were read: reading on
+    # after version 3 would skip the new table's versions 0-3 for good.
+    shutil.rmtree(path)
+    for ids in ([10], [11]):
+        write_deltalake(str(path), _rows(ids), mode="append")  # v0..v1
+    with pytest.raises(SourceError, match=r"version 3 is not in the table any more") as raised:
+        source.discover(settings, second)
+    assert "`onceflow restate <job> --source-replaced`" in str(raised.value)
+    with pytest.raises(SourceError, match="cannot be read again"):
+        source.rebased(settings, second)
+
+    # Refilled past the versions read: planning on would read versions 4.. only, and a replay
+    # of a window read the new table's versions 0-1 as if they were the old ones.
+    for ids in ([12], [13], [14]):
+        write_deltalake(str(path), _rows(ids), mode="append")  # v2..v4
+    with pytest.raises(SourceError, match=r"version 3 is of another table than the one read"):
+        source.discover(settings, second)
+    _problem_in_offsets(source, settings, spark, first, "version 1 is of another table")
+    _problem_in_offsets(source, settings, spark, first, "version 0 is another commit")
+
+    # The recovery: the windows re-pointed at the table as it is now read its versions.
+    rebased = source.rebased(settings, first)
+    assert rebased is not None and rebased["table_id"] == DeltaTable(str(path)).metadata().id
+    assert rebased["commits"] == [_token(path, 0), _token(path, 1)]
+    assert source.check_available(settings, rebased) == []
+    rows = source.read(spark, settings, rebased).collect()
+    assert sorted(r["id"] for r in rows) == [10, 11]
+    second = source.rebased(settings, second)
+    assert source.discover(settings, second) == [version_unit(4)]
+
+
+def test_a_table_restored_from_an_older_copy_and_extended_is_refused(
+    spark, lake: Path, tmp_path: Path
+) -> None:
+    path = lake / "payments"
+    for ids in ([1, 2], [3]):
+        write_deltalake(str(path), _rows(ids), mode="append")  # v0..v1
+    copy = tmp_path / "backup"
+    shutil.copytree(path, copy)
+    for ids in ([4], [5]):
+        write_deltalake(str(path), _rows(ids), mode="append")  # v2..v3
+    settings = _settings(lake)
+    source = DeltaTableSource("payments")
+    first, second = _plan_all(source, settings, [1, 3])
+    old = {"table": "payments", "start": 2, "end": 3}  # as planned before identities
+
+    # Restored from the copy (the same table id) and written to again: versions 2-4 are new.
+    shutil.rmtree(path)
+    shutil.copytree(copy, path)
+    for ids in ([6], [7], [8]):
+        write_deltalake(str(path), _rows(ids), mode="append")  # v2..v4
+    with pytest.raises(SourceError, match="version 3 is another commit than the one read"):
+        source.discover(settings, second)
+    _problem_in_offsets(source, settings, spark, second, "version 2 is another commit")
+    # The versions both tables share are the same commits: that window is still good.
+    assert source.check_available(settings, first) == []
+    assert source.rebased(settings, first) is None
+    # Offsets planned before identities were recorded keep working (by version, as before),
+    # and the recovery re-points them too, since nothing says what they read.
+    assert source.check_available(settings, old) == []
+    assert source.rebased(settings, old) == {**old, **source.rebased(settings, second)}
+
+
+def _problem_in_offsets(
+    source: DeltaTableSource, settings: Settings, spark, offsets: dict, *needles: str
+) -> None:
+    problems = source.check_available(settings, offsets)
+    assert any(all(n in p for n in needles) for p in problems), problems
+    with pytest.raises(SourceError) as raised:
+        source.read(spark, settings, offsets)
+    assert all(n in str(raised.value) for n in needles), raised.value
+    assert "--source-replaced" in str(raised.value)
 
 
 def test_path_outside_the_lake(lake: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -167,6 +168,8 @@ class SinkGroup(ABC):
 
     kind: str
     specs: tuple[SinkSpec, ...]
+    #: Its commit records name every window it committed for good (nothing cleans them up).
+    keeps_window_records: ClassVar[bool] = False
 
     @property
     def names(self) -> list[str]:
@@ -213,6 +216,11 @@ class SinkGroup(ABC):
     @abstractmethod
     def recorded_windows(self) -> list[RecordedWindow]:
         """Every window the sinks' commit records name, with its offsets and epoch."""
+
+    def unrecorded(self, known: AbstractSet[int]) -> str | None:
+        """Why the sinks' commit records may not name every window they hold that is not in
+        `known` (None when they do): a ledger rebuilt from them would plan that input again."""
+        return None
 
     @abstractmethod
     def begin(
@@ -323,8 +331,11 @@ class SinkGroup(ABC):
         """Diff one sink with `expected` (rows plus `__onceflow_window`); repair if `epoch`."""
 
     @abstractmethod
-    def check_retention(self, oldest_window: datetime | None) -> None:
-        """Raise ConfigurationError if the sinks may forget commit records a replay needs."""
+    def check_retention(
+        self, oldest_window: datetime | None, *, records_elsewhere: bool = False
+    ) -> None:
+        """Raise ConfigurationError if the sinks may forget commit records recovery needs
+        (`records_elsewhere`: another group keeps every window's record for good)."""
 
     @abstractmethod
     def data_version(self, sink: str) -> int | None:

@@ -121,6 +121,17 @@ class Source(ABC):
     def check_available(self, settings: Settings, offsets: Mapping[str, Any]) -> list[str]:
         """What keeps a window from being read exactly as planned (empty when it can be)."""
 
+    def rebased(self, settings: Settings, offsets: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The window's offsets for its input as it is now, when the source can tell that the
+        input it recorded was replaced under the same units (a Delta table recreated, or
+        restored from an older copy, renumbers its versions) and can read the replacement;
+        None when the input is as recorded, or the source cannot tell.
+
+        Raises:
+            SourceError: The replacement cannot be read for these units (yet).
+        """
+        return None
+
     @abstractmethod
     def read(
         self, spark: SparkSession, settings: Settings, offsets: Mapping[str, Any]

@@ -19,6 +19,14 @@ Spark's own Delta streaming source fails on versions that remove data, or skips 
 reads them, and what it cannot express (a cleaned-up log, a vacuumed file, deletion vectors,
 column mapping, a schema change inside a window) is a `SourceError` naming the version.
 
+Version numbers alone do not say which table they are of: a table deleted and created again, or
+restored from an older copy and then written to, numbers new commits like the ones a job already
+read. So a window's offsets also record the table's id and each version's commit token (a digest
+of its log entry); a replay compares every version of the window, and planning past a window
+compares the table id and the window's last version, and a mismatch is a `SourceError` naming
+the version and the recovery (`onceflow restate <job> --source-replaced`, which re-points each
+changed window at the table as it is now and replaces its effect; see `rebased`).
+
 The driver parses the window's commit files (small JSON); executors read the data files, one
 Spark partition per file, through a Spark Python data source yielding Arrow batches. The frame
 has the table's columns (schema of the snapshot at the window's end version; partition values
@@ -31,6 +39,7 @@ keeps its own `_source_file`, `_source_line`) is renamed with an `_upstream` pre
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import time
@@ -83,6 +92,17 @@ _HANDLED_READER_FEATURES = frozenset(
 )
 _MAX_READER_VERSION = 3
 _BATCH_ROWS = 10_000
+# Hex digits of a commit token: 64 bits tell two different log entries apart.
+_TOKEN_CHARS = 16
+# What a window's offsets record about the table, besides its version range (windows planned
+# before these existed have neither and are checked by version only).
+TABLE_ID = "table_id"
+COMMITS = "commits"
+RESTATE_FIX = (
+    "to follow the table as it is now, restate the job's windows from it: `onceflow restate "
+    "<job> --source-replaced` reads again every window whose versions changed and replaces its "
+    "effect in every sink; then run the job again"
+)
 
 
 def version_unit(version: int) -> str:
@@ -144,15 +164,31 @@ def _latest_version(fs: pafs.FileSystem, base: str) -> int | None:
     return latest
 
 
-def _read_commit(fs: pafs.FileSystem, base: str, version: int) -> list[dict[str, Any]] | None:
-    """The actions of one commit file, in file order (None when the file is gone)."""
+def _read_entry(fs: pafs.FileSystem, base: str, version: int) -> bytes | None:
+    """The bytes of one commit file (None when the file is gone)."""
     path = f"{base.rstrip('/')}/_delta_log/{version_unit(version)}.json"
     try:
         with fs.open_input_stream(path) as stream:
-            text = stream.read().decode("utf-8")
+            return bytes(stream.read())
     except FileNotFoundError:
         return None
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def _actions(data: bytes) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in data.decode("utf-8").splitlines() if line.strip()]
+
+
+def _read_commit(fs: pafs.FileSystem, base: str, version: int) -> list[dict[str, Any]] | None:
+    """The actions of one commit file, in file order (None when the file is gone)."""
+    data = _read_entry(fs, base, version)
+    return None if data is None else _actions(data)
+
+
+def commit_token(data: bytes) -> str:
+    """What identifies one commit: a digest of its log entry. A log entry is written once and
+    never changed, so the same version of the same table always has the same token, and a
+    version of a recreated table or of a restored older copy that was extended has another."""
+    return hashlib.sha256(data).hexdigest()[:_TOKEN_CHARS]
 
 
 def _commit_mtime(fs: pafs.FileSystem, base: str, version: int) -> float | None:
@@ -301,14 +337,45 @@ class DeltaTableSource(Source):
             return []
         first = 0
         if after is not None and after.get("end") is not None:
+            self._check_continues(settings, after, latest)
             first = int(after["end"]) + 1
         return [version_unit(v) for v in range(first, latest + 1)]
+
+    def _check_continues(self, settings: Settings, after: Mapping[str, Any], latest: int) -> None:
+        """Refuse to plan past `after` unless the table is still the one `after` was read from:
+        a recreated or restored table renumbers its versions, and reading on from `end + 1`
+        would skip new versions (lost) or read replayed ones (doubled)."""
+        end = int(after["end"])
+        problems: list[str] = []
+        if latest < end:
+            problems.append(_renumbered(end, latest))
+        else:
+            root = self.root(settings)
+            fs, base = _filesystem(root)
+            recorded_id = after.get(TABLE_ID)
+            if recorded_id is not None:
+                problems += _id_problems(end, recorded_id, _table_id(root, latest))
+            tokens = after.get(COMMITS) or []
+            if len(tokens) == end - int(after["start"]) + 1 and tokens[-1] is not None:
+                data = _read_entry(fs, base, end)
+                # An entry cleaned up since cannot be compared; the table id still is.
+                if data is not None:
+                    problems += _token_problems(end, tokens[-1], commit_token(data))
+        if problems:
+            raise SourceError(
+                f"Delta table `{self.table}` is not the table this job read up to version "
+                f"{end}: " + "; ".join(problems) + f". Nothing was planned; {RESTATE_FIX}."
+            )
 
     def offsets(self, settings: Settings, units: Sequence[str]) -> dict[str, Any]:
         """The version range `{"table", "start", "end"}` of a window made of `units`.
 
+        With them, what the versions are: the table's id (`table_id`, from its metadata) and
+        each version's commit token (`commits`, in version order; null for an entry that is
+        gone), which replays and later planning compare with the table as it is then.
+
         Args:
-            settings: Where the lake is (unused: versions are immutable).
+            settings: Where the lake is.
             units: Padded versions; they must form one contiguous range.
 
         Raises:
@@ -327,7 +394,50 @@ class DeltaTableSource(Source):
                     f"{before} then {after}; plan every version between them into windows in "
                     "order."
                 )
-        return {"table": self.table, "start": versions[0], "end": versions[-1]}
+        start, end = versions[0], versions[-1]
+        return {
+            "table": self.table,
+            "start": start,
+            "end": end,
+            **self._identity(settings, start, end),
+        }
+
+    def _identity(self, settings: Settings, start: int, end: int) -> dict[str, Any]:
+        """The table id and the commit tokens of versions `start`..`end`, as the table is now."""
+        root = self.root(settings)
+        fs, base = _filesystem(root)
+        tokens = []
+        for version in range(start, end + 1):
+            data = _read_entry(fs, base, version)
+            tokens.append(None if data is None else commit_token(data))
+        return {TABLE_ID: _table_id(root, end), COMMITS: tokens}
+
+    def rebased(self, settings: Settings, offsets: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The window's offsets for the table as it is now, if it is not the one they recorded
+        (None: the same table id and commits). Offsets planned before identities were recorded
+        are always given the table's: nothing says what they read.
+
+        Args:
+            settings: Where the lake is.
+            offsets: The window's version range, as recorded.
+
+        Raises:
+            SourceError: The table does not have the window's versions (yet).
+        """
+        start, end = int(offsets["start"]), int(offsets["end"])
+        latest = self.current_version(settings)
+        if latest is None or latest < end:
+            newest = "it is missing" if latest is None else f"its newest version is {latest}"
+            raise SourceError(
+                f"Delta table `{self.table}`: versions {start}..{end} cannot be read again from "
+                f"the table as it is now ({newest}). Restate when the table has version {end} "
+                "(each commit to it adds one), or start the job over (empty its sinks, drop "
+                "its windows) to read the table from version 0."
+            )
+        identity = self._identity(settings, start, end)
+        if all(offsets.get(k) == v for k, v in identity.items()):
+            return None
+        return {**offsets, **identity}
 
     def units(self, offsets: Mapping[str, Any]) -> list[str]:
         """The padded versions `start`..`end` of a window's offsets.
@@ -374,23 +484,29 @@ class DeltaTableSource(Source):
             )
             return plan
         if end > latest:
-            plan.problem(
-                f"version {end}: not in the table (its newest version is {latest}); the table "
-                "was replaced or restored from an older copy, so this window cannot be replayed: "
-                "reconcile to report it as unverifiable"
-            )
+            plan.problem(f"{_renumbered(end, latest)}; {RESTATE_FIX}")
             return plan
 
+        tokens = offsets.get(COMMITS)
+        if not isinstance(tokens, list) or len(tokens) != end - start + 1:
+            tokens = [None] * (end - start + 1)  # planned before tokens were recorded
         commits: list[tuple[int, list[dict[str, Any]]]] = []
-        for version in range(start, end + 1):
+        for version, recorded in zip(range(start, end + 1), tokens, strict=True):
             try:
-                actions = _read_commit(fs, base, version)
+                data = _read_entry(fs, base, version)
+                actions = None if data is None else _actions(data)
             except (ValueError, OSError) as exc:
                 plan.problem(
                     f"version {version}: commit file {version_unit(version)}.json cannot be "
                     f"read ({exc}); repair the table's log"
                 )
                 continue
+            if data is not None and recorded is not None:
+                changed = _token_problems(version, recorded, commit_token(data))
+                for text in changed:
+                    plan.problem(f"{text}; {RESTATE_FIX}")
+                if changed:
+                    continue
             if actions is None:
                 plan.problem(
                     f"version {version}: commit file _delta_log/{version_unit(version)}.json is "
@@ -408,6 +524,9 @@ class DeltaTableSource(Source):
                 f"version {end}: the table's snapshot cannot be loaded ({exc}); repair the "
                 "table or reconcile to report this window as unverifiable"
             )
+        if plan.snapshot is not None and offsets.get(TABLE_ID) is not None:
+            for text in _id_problems(end, offsets[TABLE_ID], plan.snapshot.metadata().id):
+                plan.problem(f"{text}; {RESTATE_FIX}")
         if plan.snapshot is not None:
             protocol = plan.snapshot.protocol()
             for text in _feature_problems(
@@ -665,6 +784,40 @@ def _parse_unit(table: str, unit: str) -> int:
             "windows from the units `discover` returns."
         )
     return int(unit)
+
+
+def _table_id(root: str, version: int) -> str | None:
+    """The table's id (its metadata's `id`) at `version`, None if that cannot be loaded."""
+    try:
+        return str(_snapshot(root, version).metadata().id)
+    except Exception:  # delta-rs raises several types; the read reports what is wrong
+        return None
+
+
+def _renumbered(end: int, latest: int) -> str:
+    return (
+        f"version {end} is not in the table any more (its newest version is {latest}): the table "
+        "was recreated or restored from an older copy, and its versions renumbered"
+    )
+
+
+def _id_problems(version: int, recorded: str, now: str | None) -> list[str]:
+    if now is None or now == recorded:
+        return []
+    return [
+        f"version {version} is of another table than the one read (table id {now}, recorded "
+        f"{recorded}): the table was deleted and created again"
+    ]
+
+
+def _token_problems(version: int, recorded: str, now: str) -> list[str]:
+    if now == recorded:
+        return []
+    return [
+        f"version {version} is another commit than the one read (commit token {now}, recorded "
+        f"{recorded}): the table was recreated or restored from an older copy, and its versions "
+        "renumbered"
+    ]
 
 
 def _snapshot(root: str, version: int) -> DeltaTable:

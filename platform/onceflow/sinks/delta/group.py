@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +41,10 @@ if TYPE_CHECKING:
     from onceflow.quality import Target
 
 RETENTION_PROPERTY = "delta.setTransactionRetentionDuration"
+# Commit entries older than this are removed at a checkpoint, unless cleanup is off.
+LOG_RETENTION_PROPERTY = "delta.logRetentionDuration"
+LOG_RETENTION_DEFAULT = "interval 30 days"
+LOG_CLEANUP_PROPERTY = "delta.enableExpiredLogCleanup"
 # Commits looked at to find the newest window commit behind a run's epoch claims.
 RECENT_COMMITS = 50
 
@@ -314,34 +319,83 @@ class DeltaGroup(SinkGroup):
             self.table.record_restated(self.state.restated_through(), epoch)
         return SinkReconcile(diff, None, committed, compare if window_col else frozenset())
 
-    def check_retention(self, oldest_window: datetime | None) -> None:
-        """Refuse when the table may forget its window records before the oldest window.
+    def unrecorded(self, known: AbstractSet[int]) -> str | None:
+        """Why the table's log may not name windows it holds beyond `known` (None if it does).
 
-        A Delta table drops application transactions older than its
-        `delta.setTransactionRetentionDuration` when it checkpoints; a sink that forgot them
-        looks as if it held no window, and a replay would write committed windows again.
+        The table's app transaction says which windows it holds (checkpoints keep it); each
+        window's offsets are only in its commit entry, which log cleanup removes. Without them
+        a rebuilt ledger would not know that input was taken and would plan it again.
+        """
+        if not self.table.exists():
+            return None
+        through = self.table.table().transaction_version(self.table.app_id) or 0
+        missing = [w for w in range(1, through + 1) if w not in known]
+        if not missing or self.table.first_entry() is not None:
+            return None
+        from onceflow.windows import format_windows
+
+        return (
+            f"sink {self.spec.name}: Delta table {self.table.path} holds windows "
+            f"{format_windows(missing)}, which the ledger lacks, and its log no longer has "
+            f"their commit entries (a checkpoint cleaned up entries older than "
+            f"{LOG_RETENTION_PROPERTY}), so the input they took cannot be told from new input. "
+            "Restore the PostgreSQL `onceflow` schema from a backup and run again; or start the "
+            "job over: move its Delta tables away (and empty its other sinks), then run it, "
+            "and every input is planned again into new tables."
+        )
+
+    def check_retention(
+        self, oldest_window: datetime | None, *, records_elsewhere: bool = False
+    ) -> None:
+        """Refuse when the table may forget records that recovery needs before the oldest window.
+
+        A checkpoint drops application transactions older than
+        `delta.setTransactionRetentionDuration` (a sink that forgot them looks as if it held no
+        window, and a replay would write committed windows again), and removes commit entries
+        older than `delta.logRetentionDuration` (30 days unless set; the windows' offsets a lost
+        ledger is rebuilt from) unless `delta.enableExpiredLogCleanup` is false. The horizon
+        is the age of the job's oldest window, taken from the ledger and from the table's
+        creation time (kept in every checkpoint), never from log entries that may be gone.
+
+        Args:
+            oldest_window: When the ledger's oldest window was planned (None: no windows).
+            records_elsewhere: Another sink group of the job keeps every window's record for
+                good (PostgreSQL markers), so the log is not needed to rebuild the ledger.
         """
         if not self.table.exists():
             return
-        value = self.table.table().metadata().configuration.get(RETENTION_PROPERTY)
-        if value is None:
-            return
+        table = self.table.table()
+        metadata = table.metadata()
+        config = metadata.configuration
         oldest = oldest_window
-        for entry in self.table.history():
-            committed = datetime.fromtimestamp(int(entry["timestamp"]) / 1000, timezone.utc)
-            oldest = committed if oldest is None else min(oldest, committed)
-            break  # history() is in window order: the first entry is the oldest window
+        created = _created_at(metadata.created_time, self.table.first_entry())
+        if created is not None:
+            oldest = created if oldest is None else min(oldest, created)
         if oldest is None:
             return
         horizon = datetime.now(timezone.utc) - oldest
-        retention = parse_interval(value)
-        if retention < horizon:
+        fix = "(DeltaTable(...).alter.set_table_properties)"
+        txn = config.get(RETENTION_PROPERTY)
+        if txn is not None and parse_interval(txn) < horizon:
             raise ConfigurationError(
-                f"Delta table {self.table.path} sets {RETENTION_PROPERTY} = {value!r}, shorter "
+                f"Delta table {self.table.path} sets {RETENTION_PROPERTY} = {txn!r}, shorter "
                 f"than the job's replay horizon ({horizon.days} day(s), the age of its oldest "
                 "window): the table may forget which windows it holds, and a replay would write "
-                "them again. Remove the property or set it longer than the horizon "
-                "(DeltaTable(...).alter.set_table_properties)."
+                f"them again. Remove the property or set it longer than the horizon {fix}."
+            )
+        cleanup = str(config.get(LOG_CLEANUP_PROPERTY, "true")).strip().lower() != "false"
+        log = config.get(LOG_RETENTION_PROPERTY, LOG_RETENTION_DEFAULT)
+        if cleanup and not records_elsewhere and parse_interval(log) < horizon:
+            raise ConfigurationError(
+                f"Delta table {self.table.path} keeps commit entries for {LOG_RETENTION_PROPERTY}"
+                f" = {log!r}{'' if LOG_RETENTION_PROPERTY in config else ' (the default)'}, "
+                f"shorter than the job's replay horizon ({horizon.days} day(s), the age of its "
+                "oldest window): a checkpoint removes older entries, and with them the offsets "
+                "of the windows they committed, which the job has nowhere else (its only sinks "
+                "are Delta tables), so a lost ledger could not be rebuilt. Set "
+                f"{LOG_RETENTION_PROPERTY} longer than the job will live (e.g. 'interval 3650 "
+                f"days') or {LOG_CLEANUP_PROPERTY} = 'false' {fix}, or give the job a "
+                "PostgreSQL sink."
             )
 
     def data_version(self, sink: str) -> int | None:
@@ -399,3 +453,13 @@ class DeltaGroup(SinkGroup):
                 "committed_through": self.table.committed_through(),
             }
         }
+
+
+def _created_at(created_ms: int | None, first: Mapping[str, Any] | None) -> datetime | None:
+    """When the table was created: its metadata's creation time, else its first commit's."""
+    millis = created_ms
+    if millis is None and first is not None:
+        millis = first.get("inCommitTimestamp") or first.get("timestamp")
+    if not isinstance(millis, int | float) or millis <= 0:
+        return None
+    return datetime.fromtimestamp(millis / 1000, timezone.utc)

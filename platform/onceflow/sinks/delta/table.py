@@ -632,8 +632,19 @@ class DeltaTableSink:
 
     # -- reading ------------------------------------------------------------------------------
 
+    def first_entry(self) -> dict[str, Any] | None:
+        """The commit info of log entry 0 (the table's creation), None when it is gone.
+
+        Log cleanup removes the oldest entries first (those before a checkpoint and older than
+        `delta.logRetentionDuration`), so version 0 present means the log names every commit.
+        Read by name, not from a listing."""
+        return self._entry(0)
+
     def history(self) -> list[dict[str, Any]]:
-        """This job's window commits recorded in the table, oldest window first."""
+        """This job's window commits recorded in the table, oldest window first.
+
+        Only the entries the log still has: after log cleanup (see `first_entry`) the oldest
+        windows are missing from it."""
         if not self.exists():
             return []
         out = [

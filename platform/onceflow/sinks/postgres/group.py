@@ -59,6 +59,7 @@ class PostgresGroup(SinkGroup):
     """The PostgreSQL sinks of one job: one transaction per window, one marker per sink."""
 
     kind = "postgres"
+    keeps_window_records = True  # markers are rows
 
     def __init__(self, specs: tuple[PostgresSink, ...], ctx: SinkContext) -> None:
         self.specs = specs
@@ -462,7 +463,9 @@ class PostgresGroup(SinkGroup):
 
     # -- the rest -----------------------------------------------------------------------------
 
-    def check_retention(self, oldest_window: datetime | None) -> None:
+    def check_retention(
+        self, oldest_window: datetime | None, *, records_elsewhere: bool = False
+    ) -> None:
         # Markers are rows: PostgreSQL never forgets them.
         return None
 
