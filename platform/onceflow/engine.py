@@ -18,6 +18,7 @@ from onceflow import faults
 from onceflow._compute import COUNTS, Computed, compute
 from onceflow._identifiers import session_name, spark_sql_name
 from onceflow._keyindex import KEY_COL, KeyIndex, key_frame
+from onceflow._ledger_check import check_ledger
 from onceflow._staging import WindowStage
 from onceflow.errors import ConfigurationError, LedgerError, TransientSinkError
 from onceflow.job import Guarantee, Job
@@ -326,13 +327,16 @@ class Engine:
 
     def start(self, run_id: str) -> int:
         """The start-up of every writing run: prepare, rebuild the ledger from the sinks, check
-        retention, take a new epoch above every sink's, and claim it in every sink."""
+        retention, take a new epoch above every sink's and the ledger's, claim it in every
+        sink, then let the ledger check itself (`onceflow._ledger_check`)."""
         self.prepare()
         self.rebuild_ledger()
         self.check_retention()
-        epoch = self.ledger.acquire_epoch(run_id, floor=self.sink_epoch_floor())
+        floor = max(self.sink_epoch_floor(), self.ledger.epoch_floor())
+        epoch = self.ledger.acquire_epoch(run_id, floor=floor)
         for group in self.groups:
             group.claim_epoch(epoch)
+        check_ledger(self, epoch)
         return epoch
 
     # -- commit state -------------------------------------------------------------------------

@@ -200,6 +200,11 @@ class SinkGroup(ABC):
     def recorded_windows(self) -> list[RecordedWindow]:
         """Every window the sinks' commit records name, with its offsets and epoch."""
 
+    def restated_through(self) -> int:
+        """The highest restatement sequence number any of the sinks applied (0 for none), so a
+        new restatement is numbered above it even if the ledger lost its restatements."""
+        return 0
+
     @abstractmethod
     def begin(
         self,
