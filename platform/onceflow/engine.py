@@ -198,10 +198,12 @@ class RunResult:
 @dataclass
 class Replayed:
     """Per sink, the completed windows it lacked that were committed to it again (`restored`),
-    and those that could not be, their input being gone (`left`)."""
+    and those that were not (`left`): their input is gone (`gone`, window ids), or an earlier
+    window the sink lacks is."""
 
     restored: dict[str, list[int]] = field(default_factory=dict)
     left: dict[str, list[int]] = field(default_factory=dict)
+    gone: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -359,17 +361,19 @@ class Engine:
 
         A completed window is one every sink held when it was marked; a sink lacking one lost it
         afterwards (a lake deleted, repointed or restored from an older backup). Skipped windows
-        were never completed.
+        were never completed; a window abandoned for a sink (`onceflow windows abandon`) is a
+        known gap there, not a lacking window.
         """
         return self._lacking(self.ledger.windows())
 
     def _lacking(self, windows: Sequence[Window]) -> dict[str, list[int]]:
         completed = [w.window_id for w in windows if w.completed]
         state = self.held(completed)
+        abandoned = self.ledger.abandoned()
         lacking: dict[str, list[int]] = {}
         for wid in completed:
             for name in self.sink_names:
-                if name not in state[wid]:
+                if name not in state[wid] and wid not in abandoned.get(name, ()):
                     lacking.setdefault(name, []).append(wid)
         return lacking
 
@@ -389,19 +393,35 @@ class Engine:
         which = "; ".join(
             f"{name} lacks windows {format_windows(ids)}" for name, ids in lacking.items()
         )
+        ids = {wid for wids in lacking.values() for wid in wids}
+        windows = [w for w in self.ledger.windows() if w.window_id in ids]
+        gone = [w.window_id for w in windows if self.replay_problems(w)]
+        lost = (
+            f" The input of windows {format_windows(gone)} is gone: no replay can bring them "
+            f"back; after reconcile, `onceflow windows abandon {self.job.name} "
+            f'{format_windows(gone)} --reason "…"` records the gap and lets runs go on.'
+            if gone
+            else ""
+        )
         raise LedgerError(
             f"job {self.job.name}: {which}, which the ledger records as committed (was the lake "
             "deleted, moved, or restored from an older copy?). Nothing was computed. Run "
             f"`onceflow reconcile {self.job.name}`: it replays the windows those sinks lack and "
-            "restores their commit records; then run the job again."
+            f"restores their commit records; then run the job again.{lost}"
         )
 
     def incomplete_windows(self, windows: Sequence[Window]) -> dict[int, list[str]]:
-        """Windows some sink does not hold, with the sinks that lack them (skipped windows are
-        not incomplete: the operator gave them up)."""
+        """Windows some sink does not hold, with the sinks that lack them (skipped windows, and
+        windows abandoned for a sink, are not incomplete: the operator gave them up)."""
         every = set(self.sink_names)
         state = self.held([w.window_id for w in windows if w.skipped is None])
-        return {wid: sorted(every - held) for wid, held in state.items() if held != every}
+        abandoned = self.ledger.abandoned()
+        incomplete: dict[int, list[str]] = {}
+        for wid, held in state.items():
+            lacking = sorted(n for n in every - held if wid not in abandoned.get(n, ()))
+            if lacking:
+                incomplete[wid] = lacking
+        return incomplete
 
     # -- running ------------------------------------------------------------------------------
 
@@ -753,30 +773,44 @@ class Engine:
         """Commit, in window order, the completed windows some sink lacks, to those sinks only.
 
         Window order matters: each replayed window's dedupe sees the windows before it, which
-        the state sink holds again by then. Windows whose input (and stage) is gone stay lacking.
+        the state sink holds again by then. Windows whose input (and stage) is gone stay lacking,
+        and so do later windows in the sinks that lack one of them: committed on top of the
+        gap, they would hide it. Once the operator abandons the gap for those sinks (`onceflow
+        windows abandon`), the next reconcile replays them.
         """
         windows = {w.window_id: w for w in self.ledger.windows()}
         lacking = self._lacking(list(windows.values()))
-        gone: set[int] = set()
+        replayed = Replayed()
+        blocked: set[str] = set()  # sinks lacking a window whose input is gone
         try:
             for wid in sorted({wid for wids in lacking.values() for wid in wids}):
                 window = windows[wid]
-                stage = WindowStage(self.settings.lake, self.job.name, wid, window.offsets)
-                problems = self.job.source.check_available(self.settings, window.offsets)
-                if problems and stage.complete() is None:
+                sinks = [name for name, ids in lacking.items() if wid in ids]
+                problems = self.replay_problems(window)
+                if problems:
                     _log.warning("window %d cannot be replayed: %s", wid, "; ".join(problems[:3]))
-                    gone.add(wid)
+                    replayed.gone.append(wid)
+                    blocked.update(sinks)
+                elif not blocked.intersection(sinks):
+                    self.process_window(window, epoch, run_id)
+                    for name in sinks:
+                        replayed.restored.setdefault(name, []).append(wid)
                     continue
-                self.process_window(window, epoch, run_id)
+                for name in sinks:
+                    replayed.left.setdefault(name, []).append(wid)
         finally:
             self._forget_plans()
-        replayed = Replayed()
-        for sink, ids in lacking.items():
-            for wid in ids:
-                (replayed.left if wid in gone else replayed.restored).setdefault(sink, []).append(
-                    wid
-                )
         return replayed
+
+    def replay_problems(self, window: Window) -> list[str]:
+        """What keeps `window` from being computed again (its input gone or changed, and no
+        complete stage of it); empty when it can be replayed."""
+        problems = self.job.source.check_available(self.settings, window.offsets)
+        if problems:
+            stage = WindowStage(self.settings.lake, self.job.name, window.window_id, window.offsets)
+            if stage.complete() is not None:
+                return []
+        return problems
 
     def skip(self, window_ids: Sequence[int], reason: str, run_id: str | None = None) -> list[int]:
         """Give up pending windows whose input is gone or changed, recording why.

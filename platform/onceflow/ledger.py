@@ -92,6 +92,17 @@ CREATE TABLE IF NOT EXISTS onceflow.sink_versions (
     recorded_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (job, window_id, sink)
 );
+-- Completed windows a sink lacks and whose input is gone, given up for that sink by an operator
+-- (`onceflow windows abandon`): a known, named gap, never a silent one.
+CREATE TABLE IF NOT EXISTS onceflow.abandoned_windows (
+    job text NOT NULL,
+    window_id bigint NOT NULL,
+    sink text NOT NULL,
+    reason text NOT NULL,
+    epoch bigint NOT NULL,
+    abandoned_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (job, window_id, sink)
+);
 CREATE TABLE IF NOT EXISTS onceflow.reconciliations (
     job text NOT NULL,
     sink text NOT NULL,
@@ -563,15 +574,52 @@ class Ledger:
 
         self.write(f"skip window {window_id}", skip, epoch)
 
+    def abandoned(self) -> dict[str, set[int]]:
+        """Sink name → the completed windows an operator abandoned for that sink (`onceflow
+        windows abandon`): the sink lacks them for good, a known and named gap."""
+        out: dict[str, set[int]] = {}
+        for wid, sink, _ in self.abandoned_reasons():
+            out.setdefault(sink, set()).add(wid)
+        return out
+
+    def abandoned_reasons(self) -> list[tuple[int, str, str]]:
+        """(window id, sink, reason) of every abandoned window, by window, then sink."""
+        rows = self.read(
+            "read the abandoned windows",
+            lambda conn: conn.execute(
+                "SELECT window_id, sink, reason FROM onceflow.abandoned_windows"
+                " WHERE job = %s ORDER BY window_id, sink",
+                (self.job,),
+            ).fetchall(),
+        )
+        return [(int(w), str(s), str(r)) for w, s, r in rows]
+
+    def abandon_windows(self, epoch: int, sinks: Mapping[int, Sequence[str]], reason: str) -> None:
+        """Record, in one fenced transaction, that the operator gave up completed windows for
+        the sinks that lack them (window id → sinks); never undone."""
+        pairs = [(wid, sink) for wid, names in sorted(sinks.items()) for sink in names]
+
+        def abandon(conn: psycopg.Connection) -> None:
+            self.fence(conn, epoch)
+            conn.execute(
+                "INSERT INTO onceflow.abandoned_windows (job, window_id, sink, reason, epoch)"
+                " SELECT %s, w, s, %s, %s FROM unnest(%s::bigint[], %s::text[]) AS x(w, s)"
+                " ON CONFLICT DO NOTHING",
+                (self.job, reason, epoch, [w for w, _ in pairs], [s for _, s in pairs]),
+            )
+
+        self.write("abandon windows", abandon, epoch)
+
     def epoch_floor(self) -> int:
-        """The highest epoch the job's windows and restatements were written under: the job
-        row can be lost on its own, and a new epoch must still be above them."""
+        """The highest epoch the job's windows, restatements and abandonments were written
+        under: the job row can be lost on its own, and a new epoch must still be above them."""
         row = self.read(
             "read the ledger's highest epoch",
             lambda conn: conn.execute(
                 "SELECT greatest("
                 " (SELECT max(epoch) FROM onceflow.windows WHERE job = %(job)s),"
-                " (SELECT max(epoch) FROM onceflow.restatements WHERE job = %(job)s))",
+                " (SELECT max(epoch) FROM onceflow.restatements WHERE job = %(job)s),"
+                " (SELECT max(epoch) FROM onceflow.abandoned_windows WHERE job = %(job)s))",
                 {"job": self.job},
             ).fetchone(),
         )

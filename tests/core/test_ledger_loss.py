@@ -43,6 +43,7 @@ LEDGER_TABLES = (
     "restatements",
     "sink_versions",
     "reconciliations",
+    "abandoned_windows",
     "check_results",
     "dedupe_keys",
     "dedupe_windows",
