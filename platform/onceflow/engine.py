@@ -920,6 +920,9 @@ class Engine:
             )
         report = BackfillResult()
         state = self.held(window_ids)
+        for sink, ids in self.ledger.abandoned().items():  # a known gap is not damage
+            for wid in set(ids) & set(window_ids):
+                state[wid].add(sink)
         every = set(self.sink_names)
         replay = False
         for wid in window_ids:
@@ -952,6 +955,18 @@ class Engine:
         missing = index.missing(window_id)
         if not missing:
             return
+        gap = sorted(set(missing) & self.ledger.abandoned().get(dedupe.state_sink, set()))
+        if gap:
+            from onceflow.windows import format_windows
+
+            raise LedgerError(
+                f"job {self.job.name}: the dedupe key index lacks windows "
+                f"{format_windows(missing)}, and windows {format_windows(gap)} were abandoned "
+                f"for the dedupe state sink {dedupe.state_sink}: their keys cannot be indexed "
+                "again, and later duplicates of their records would pass. Nothing was "
+                "computed. Restore onceflow.dedupe_keys and onceflow.dedupe_windows from a "
+                "backup of the ledger database."
+            )
         group = self.group_of[dedupe.state_sink]
         through = group.committed_through()[dedupe.state_sink]
         if through < missing[-1] and self._unskipped(through, missing[-1] + 1):

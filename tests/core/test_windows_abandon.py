@@ -13,6 +13,7 @@ import pytest
 from onceflow.engine import Engine
 from onceflow.errors import LedgerError
 from onceflow.generate import generate_payments
+from onceflow.lineage import lineage
 from onceflow.reconcile import format_report, reconcile
 from onceflow.registry import get_job
 from onceflow.settings import Settings
@@ -156,6 +157,19 @@ def test_a_lost_window_is_abandoned_for_the_sink_and_named_everywhere(
         r for r in report.results if r.sink == "lake_payments" and r.check == "row_count"
     )
     assert lake_rows.observed["abandoned_rows"] == len(gap)
+
+    # The sink assets' metadata (what the Dagster UI shows).
+    from assets.catalog import lineage_table
+    from assets.runs import open_items_metadata
+
+    metadata = open_items_metadata(engine)
+    assert metadata["windows_abandoned"].value == 1
+    assert metadata["abandoned"].value == {"lake_payments": {"2": REASON}}
+    rows = lineage(pg_dsn, "payments")
+    table = lineage_table(rows, engine.job.sink("lake_payments"), {2: REASON})
+    states = {r.data["window"]: r.data["state"] for r in table.value.records}
+    assert states[2] == f"abandoned here (a known gap): {REASON}"
+    assert states[3] == "completed"
 
 
 def test_a_pending_window_is_skipped_not_abandoned(
