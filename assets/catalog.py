@@ -4,7 +4,7 @@ freshness policy. Presentation only: the facts come from the core (`SinkGroup.ta
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -72,8 +72,11 @@ LINEAGE_SCHEMA = TableSchema(
 )
 
 
-def lineage_table(rows: Sequence[LineageRow], sink: SinkSpec) -> MetadataValue:
-    """The sink's part of `onceflow.lineage` for the newest windows, newest first."""
+def lineage_table(
+    rows: Sequence[LineageRow], sink: SinkSpec, abandoned: Mapping[int, str] | None = None
+) -> MetadataValue:
+    """The sink's part of `onceflow.lineage` for the newest windows, newest first;
+    `abandoned`: window → reason of the windows abandoned for this sink (a known gap)."""
     records = []
     for row in rows:
         if row.checks_passed is None:
@@ -85,6 +88,8 @@ def lineage_table(rows: Sequence[LineageRow], sink: SinkSpec) -> MetadataValue:
         state = "completed" if row.completed_at is not None else "pending"
         if row.skipped is not None:
             state = f"skipped: {row.skipped}"
+        elif abandoned and row.window_id in abandoned:
+            state = f"abandoned here (a known gap): {abandoned[row.window_id]}"
         records.append(
             TableRecord(
                 {

@@ -213,8 +213,10 @@ def _sink_assets(job: Job, upstream: AssetKey, observed: AssetKey | None) -> Ass
         report = run_windows(engine, config, context.run_id, request, context.log)
         items = open_items_metadata(engine)
         recent = lineage(engine.dsn, job.name, limit=LINEAGE_WINDOWS)
+        gaps = engine.ledger.abandoned_reasons()
         results = []
         for sink in job.sinks:
+            abandoned = {wid: reason for wid, name, reason in gaps if name == sink.name}
             group = engine.group_of[sink.name]
             version = group.data_version(sink.name)
             results.append(
@@ -224,7 +226,7 @@ def _sink_assets(job: Job, upstream: AssetKey, observed: AssetKey | None) -> Ass
                         **sink_metadata(report, sink.name, version),
                         **items,
                         **table_metadata(group.table_facts(sink.name)),
-                        "lineage": lineage_table(recent, sink),
+                        "lineage": lineage_table(recent, sink, abandoned),
                     },
                     data_version=DataVersion(str(version)) if version is not None else None,
                 )

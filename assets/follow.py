@@ -244,6 +244,7 @@ def _window_events(
         return
     report = RunReport("follow", [window])
     recent = lineage(engine.dsn, engine.job.name, limit=LINEAGE_WINDOWS)
+    gaps = engine.ledger.abandoned_reasons()
     for spec in engine.job.sinks:
         outcome = window.sinks.get(spec.name)
         if outcome is None or not outcome.committed or spec.name not in keys:
@@ -253,7 +254,9 @@ def _window_events(
             asset_key=keys[spec.name],
             metadata={
                 **sink_metadata(report, spec.name, version),
-                "lineage": lineage_table(recent, spec),
+                "lineage": lineage_table(
+                    recent, spec, {w: r for w, name, r in gaps if name == spec.name}
+                ),
             },
             tags={DATA_VERSION_TAG: str(version)} if version is not None else None,
         )

@@ -203,10 +203,16 @@ def sink_metadata(report: RunReport, sink: str, data_version: int | None) -> dic
 
 
 def open_items_metadata(engine: Engine) -> dict[str, Any]:
-    """Unfinished restatements and skipped windows, shown on every materialisation until the
-    restatements are finished (skips stay: they are the operator's record)."""
+    """Unfinished restatements, skipped and abandoned windows, shown on every materialisation
+    until the restatements are finished (skips and abandonments stay: they are the operator's
+    record; an abandoned window is a known gap in the sinks named)."""
     items = open_items(engine)
+    abandoned: dict[str, dict[str, str]] = {}
+    for wid, sink, reason in items.abandoned[-50:]:
+        abandoned.setdefault(sink, {})[str(wid)] = reason
     return {
+        "windows_abandoned": MetadataValue.int(len({wid for wid, _, _ in items.abandoned})),
+        "abandoned": MetadataValue.json(abandoned),
         "restatements_pending": MetadataValue.int(len(items.restatements)),
         "restatements_pending_windows": MetadataValue.text(
             format_windows(sorted({wid for _, wid, _ in items.restatements})) or "none"

@@ -186,6 +186,26 @@ def cmd_windows_skip(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_windows_abandon(args: argparse.Namespace) -> int:
+    from onceflow.windows import abandon_windows, format_windows, parse_windows
+
+    engine = _engine(args.job, spark=False)
+    done = abandon_windows(engine, parse_windows(args.windows), args.reason)
+    if not done.windows:
+        print(f"windows {args.windows} of {args.job} were abandoned before; nothing changed.")
+    for wid, sinks in done.windows.items():
+        print(
+            f"window {wid} of {args.job} abandoned for {', '.join(sinks)}: {args.reason.strip()}."
+            " A known gap: `onceflow status`, reconcile, validate and the asset metadata name it."
+        )
+    for sink, ids in done.lacking.items():
+        print(
+            f"{sink} still lacks windows {format_windows(ids)}: run `onceflow reconcile "
+            f"{args.job}` to replay them."
+        )
+    return 0
+
+
 def cmd_jobs(args: argparse.Namespace) -> int:
     from onceflow.registry import load_jobs
 
@@ -367,6 +387,16 @@ def build_parser() -> argparse.ArgumentParser:
     skip.add_argument("windows", help="window ids, e.g. 7 or 7-9")
     skip.add_argument("--reason", required=True, help="why; shown in status and reconcile")
     skip.set_defaults(func=cmd_windows_skip)
+    abandon = win_sub.add_parser(
+        "abandon",
+        help="give up completed windows a sink lacks and whose input is gone (a recorded gap)",
+    )
+    abandon.add_argument("job")
+    abandon.add_argument("windows", help="window ids, e.g. 7 or 7-9")
+    abandon.add_argument(
+        "--reason", required=True, help="why; shown in status, reconcile and validate"
+    )
+    abandon.set_defaults(func=cmd_windows_abandon)
 
     jobs = sub.add_parser("jobs", help="list the jobs onceflow finds")
     jobs.set_defaults(func=cmd_jobs)

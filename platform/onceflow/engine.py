@@ -18,6 +18,7 @@ from onceflow import faults
 from onceflow._compute import COUNTS, Computed, compute
 from onceflow._identifiers import session_name, spark_sql_name
 from onceflow._keyindex import KEY_COL, KeyIndex, key_frame
+from onceflow._ledger_check import check_ledger
 from onceflow._staging import WindowStage
 from onceflow.errors import ConfigurationError, LedgerError, TransientSinkError
 from onceflow.job import Guarantee, Job
@@ -197,10 +198,12 @@ class RunResult:
 @dataclass
 class Replayed:
     """Per sink, the completed windows it lacked that were committed to it again (`restored`),
-    and those that could not be, their input being gone (`left`)."""
+    and those that were not (`left`): their input is gone (`gone`, window ids), or an earlier
+    window the sink lacks is."""
 
     restored: dict[str, list[int]] = field(default_factory=dict)
     left: dict[str, list[int]] = field(default_factory=dict)
+    gone: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -332,13 +335,16 @@ class Engine:
 
     def start(self, run_id: str) -> int:
         """The start-up of every writing run: prepare, rebuild the ledger from the sinks, check
-        retention, take a new epoch above every sink's, and claim it in every sink."""
+        retention, take a new epoch above every sink's and the ledger's, claim it in every
+        sink, then let the ledger check itself (`onceflow._ledger_check`)."""
         self.prepare()
         self.rebuild_ledger()
         self.check_retention()
-        epoch = self.ledger.acquire_epoch(run_id, floor=self.sink_epoch_floor())
+        floor = max(self.sink_epoch_floor(), self.ledger.epoch_floor())
+        epoch = self.ledger.acquire_epoch(run_id, floor=floor)
         for group in self.groups:
             group.claim_epoch(epoch)
+        check_ledger(self, epoch)
         return epoch
 
     # -- commit state -------------------------------------------------------------------------
@@ -361,17 +367,19 @@ class Engine:
 
         A completed window is one every sink held when it was marked; a sink lacking one lost it
         afterwards (a lake deleted, repointed or restored from an older backup). Skipped windows
-        were never completed.
+        were never completed; a window abandoned for a sink (`onceflow windows abandon`) is a
+        known gap there, not a lacking window.
         """
         return self._lacking(self.ledger.windows())
 
     def _lacking(self, windows: Sequence[Window]) -> dict[str, list[int]]:
         completed = [w.window_id for w in windows if w.completed]
         state = self.held(completed)
+        abandoned = self.ledger.abandoned()
         lacking: dict[str, list[int]] = {}
         for wid in completed:
             for name in self.sink_names:
-                if name not in state[wid]:
+                if name not in state[wid] and wid not in abandoned.get(name, ()):
                     lacking.setdefault(name, []).append(wid)
         return lacking
 
@@ -393,19 +401,35 @@ class Engine:
             [f"{name} lacks windows {format_windows(ids)}" for name, ids in lacking.items()]
             + [f"{name} {problem}" for name, problem in problems.items()]
         )
+        ids = {wid for wids in lacking.values() for wid in wids}
+        windows = [w for w in self.ledger.windows() if w.window_id in ids]
+        gone = [w.window_id for w in windows if self.replay_problems(w)]
+        lost = (
+            f" The input of windows {format_windows(gone)} is gone: no replay can bring them "
+            f"back; after reconcile, `onceflow windows abandon {self.job.name} "
+            f'{format_windows(gone)} --reason "…"` records the gap and lets runs go on.'
+            if gone
+            else ""
+        )
         raise LedgerError(
             f"job {self.job.name}: {which}, which the ledger records as committed (was the lake "
             "deleted, moved, or restored from an older copy?). Nothing was computed. Run "
             f"`onceflow reconcile {self.job.name}`: it replays the windows those sinks lack and "
-            "restores their commit records; then run the job again."
+            f"restores their commit records; then run the job again.{lost}"
         )
 
     def incomplete_windows(self, windows: Sequence[Window]) -> dict[int, list[str]]:
-        """Windows some sink does not hold, with the sinks that lack them (skipped windows are
-        not incomplete: the operator gave them up)."""
+        """Windows some sink does not hold, with the sinks that lack them (skipped windows, and
+        windows abandoned for a sink, are not incomplete: the operator gave them up)."""
         every = set(self.sink_names)
         state = self.held([w.window_id for w in windows if w.skipped is None])
-        return {wid: sorted(every - held) for wid, held in state.items() if held != every}
+        abandoned = self.ledger.abandoned()
+        incomplete: dict[int, list[str]] = {}
+        for wid, held in state.items():
+            lacking = sorted(n for n in every - held if wid not in abandoned.get(n, ()))
+            if lacking:
+                incomplete[wid] = lacking
+        return incomplete
 
     # -- running ------------------------------------------------------------------------------
 
@@ -757,39 +781,48 @@ class Engine:
         """Commit, in window order, the completed windows some sink lacks, to those sinks only.
 
         Window order matters: each replayed window's dedupe sees the windows before it, which
-        the state sink holds again by then. Windows whose input (and stage) is gone stay lacking.
+        the state sink holds again by then. Windows whose input (and stage) is gone stay lacking,
+        and so do later windows in the sinks that lack one of them: committed on top of the
+        gap, they would hide it. Once the operator abandons the gap for those sinks (`onceflow
+        windows abandon`), the next reconcile replays them.
         """
         windows = {w.window_id: w for w in self.ledger.windows()}
         lacking = self._lacking(list(windows.values()))
-        gone: set[int] = set()
         for group in self.groups:
             group.prepare_replay()
+        replayed = Replayed()
+        blocked: set[str] = set()  # sinks lacking a window whose input is gone
         try:
             for wid in sorted({wid for wids in lacking.values() for wid in wids}):
                 window = windows[wid]
-                if gone:
-                    # A sink holds windows in order: none after a window it cannot get back
-                    # (until the operator abandons that one).
-                    gone.add(wid)
-                    continue
-                stage = WindowStage(self.settings.lake, self.job.name, wid, window.offsets)
-                problems = self.job.source.check_available(self.settings, window.offsets)
-                if problems and stage.complete() is None:
+                sinks = [name for name, ids in lacking.items() if wid in ids]
+                problems = self.replay_problems(window)
+                if problems:
                     _log.warning("window %d cannot be replayed: %s", wid, "; ".join(problems[:3]))
-                    gone.add(wid)
+                    replayed.gone.append(wid)
+                    blocked.update(sinks)
+                elif not blocked.intersection(sinks):
+                    self.process_window(window, epoch, run_id)
+                    for name in sinks:
+                        replayed.restored.setdefault(name, []).append(wid)
                     continue
-                self.process_window(window, epoch, run_id)
+                for name in sinks:
+                    replayed.left.setdefault(name, []).append(wid)
         finally:
             for group in self.groups:
                 group.end_replay()
             self._forget_plans()
-        replayed = Replayed()
-        for sink, ids in lacking.items():
-            for wid in ids:
-                (replayed.left if wid in gone else replayed.restored).setdefault(sink, []).append(
-                    wid
-                )
         return replayed
+
+    def replay_problems(self, window: Window) -> list[str]:
+        """What keeps `window` from being computed again (its input gone or changed, and no
+        complete stage of it); empty when it can be replayed."""
+        problems = self.job.source.check_available(self.settings, window.offsets)
+        if problems:
+            stage = WindowStage(self.settings.lake, self.job.name, window.window_id, window.offsets)
+            if stage.complete() is not None:
+                return []
+        return problems
 
     def skip(self, window_ids: Sequence[int], reason: str, run_id: str | None = None) -> list[int]:
         """Give up pending windows whose input is gone or changed, recording why.
@@ -899,6 +932,9 @@ class Engine:
             )
         report = BackfillResult()
         state = self.held(window_ids)
+        for sink, ids in self.ledger.abandoned().items():  # a known gap is not damage
+            for wid in set(ids) & set(window_ids):
+                state[wid].add(sink)
         every = set(self.sink_names)
         replay = False
         for wid in window_ids:
@@ -931,6 +967,18 @@ class Engine:
         missing = index.missing(window_id)
         if not missing:
             return
+        gap = sorted(set(missing) & self.ledger.abandoned().get(dedupe.state_sink, set()))
+        if gap:
+            from onceflow.windows import format_windows
+
+            raise LedgerError(
+                f"job {self.job.name}: the dedupe key index lacks windows "
+                f"{format_windows(missing)}, and windows {format_windows(gap)} were abandoned "
+                f"for the dedupe state sink {dedupe.state_sink}: their keys cannot be indexed "
+                "again, and later duplicates of their records would pass. Nothing was "
+                "computed. Restore onceflow.dedupe_keys and onceflow.dedupe_windows from a "
+                "backup of the ledger database."
+            )
         group = self.group_of[dedupe.state_sink]
         through = group.committed_through()[dedupe.state_sink]
         if through < missing[-1] and self._unskipped(through, missing[-1] + 1):

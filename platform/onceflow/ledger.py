@@ -93,6 +93,17 @@ CREATE TABLE IF NOT EXISTS onceflow.sink_versions (
     recorded_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (job, window_id, sink)
 );
+-- Completed windows a sink lacks and whose input is gone, given up for that sink by an operator
+-- (`onceflow windows abandon`): a known, named gap, never a silent one.
+CREATE TABLE IF NOT EXISTS onceflow.abandoned_windows (
+    job text NOT NULL,
+    window_id bigint NOT NULL,
+    sink text NOT NULL,
+    reason text NOT NULL,
+    epoch bigint NOT NULL,
+    abandoned_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (job, window_id, sink)
+);
 CREATE TABLE IF NOT EXISTS onceflow.reconciliations (
     job text NOT NULL,
     sink text NOT NULL,
@@ -475,6 +486,20 @@ class Ledger:
         )
         return {int(w) for (w,) in rows}
 
+    def orphaned_windows(self) -> list[int]:
+        """Window ids the unit index names that are not planned windows (the plan lost them)."""
+        rows = self.read(
+            "read the unit index",
+            lambda conn: conn.execute(
+                "SELECT DISTINCT u.window_id FROM onceflow.source_units u WHERE u.job = %s"
+                " AND NOT EXISTS (SELECT 1 FROM onceflow.windows w"
+                "                 WHERE w.job = u.job AND w.window_id = u.window_id)"
+                " ORDER BY 1",
+                (self.job,),
+            ).fetchall(),
+        )
+        return [int(w) for (w,) in rows]
+
     def record_stats(self, window_id: int, stats: dict[str, Any]) -> None:
         self.write(
             f"record window {window_id}'s stats",
@@ -564,9 +589,79 @@ class Ledger:
 
         self.write(f"rebase window {window_id}", rebase, epoch)
 
-    def plan_restatement(self, epoch: int, window_id: int, request_id: str) -> int:
+    def abandoned(self) -> dict[str, set[int]]:
+        """Sink name → the completed windows an operator abandoned for that sink (`onceflow
+        windows abandon`): the sink lacks them for good, a known and named gap."""
+        out: dict[str, set[int]] = {}
+        for wid, sink, _ in self.abandoned_reasons():
+            out.setdefault(sink, set()).add(wid)
+        return out
+
+    def abandoned_reasons(self) -> list[tuple[int, str, str]]:
+        """(window id, sink, reason) of every abandoned window, by window, then sink."""
+        rows = self.read(
+            "read the abandoned windows",
+            lambda conn: conn.execute(
+                "SELECT window_id, sink, reason FROM onceflow.abandoned_windows"
+                " WHERE job = %s ORDER BY window_id, sink",
+                (self.job,),
+            ).fetchall(),
+        )
+        return [(int(w), str(s), str(r)) for w, s, r in rows]
+
+    def abandon_windows(self, epoch: int, sinks: Mapping[int, Sequence[str]], reason: str) -> None:
+        """Record, in one fenced transaction, that the operator gave up completed windows for
+        the sinks that lack them (window id → sinks); never undone."""
+        pairs = [(wid, sink) for wid, names in sorted(sinks.items()) for sink in names]
+
+        def abandon(conn: psycopg.Connection) -> None:
+            self.fence(conn, epoch)
+            conn.execute(
+                "INSERT INTO onceflow.abandoned_windows (job, window_id, sink, reason, epoch)"
+                " SELECT %s, w, s, %s, %s FROM unnest(%s::bigint[], %s::text[]) AS x(w, s)"
+                " ON CONFLICT DO NOTHING",
+                (self.job, reason, epoch, [w for w, _ in pairs], [s for _, s in pairs]),
+            )
+
+        self.write("abandon windows", abandon, epoch)
+
+    def epoch_floor(self) -> int:
+        """The highest epoch the job's windows, restatements and abandonments were written
+        under: the job row can be lost on its own, and a new epoch must still be above them."""
+        row = self.read(
+            "read the ledger's highest epoch",
+            lambda conn: conn.execute(
+                "SELECT greatest("
+                " (SELECT max(epoch) FROM onceflow.windows WHERE job = %(job)s),"
+                " (SELECT max(epoch) FROM onceflow.restatements WHERE job = %(job)s),"
+                " (SELECT max(epoch) FROM onceflow.abandoned_windows WHERE job = %(job)s))",
+                {"job": self.job},
+            ).fetchone(),
+        )
+        return int(row[0]) if row and row[0] is not None else 0
+
+    def release_units(self, epoch: int, window_ids: Sequence[int]) -> int:
+        """Drop from the unit index the units taken by `window_ids` if no such window is
+        planned (fenced): their input is new again. Returns the units released."""
+
+        def release(conn: psycopg.Connection) -> int:
+            self.fence(conn, epoch)
+            # Decided in the statement itself: a window planned meanwhile keeps its units.
+            cur = conn.execute(
+                "DELETE FROM onceflow.source_units u WHERE u.job = %s AND u.window_id = ANY(%s)"
+                " AND NOT EXISTS (SELECT 1 FROM onceflow.windows w"
+                "                 WHERE w.job = u.job AND w.window_id = u.window_id)",
+                (self.job, list(window_ids)),
+            )
+            return cur.rowcount
+
+        return self.write("release input of windows lost from the plan", release, epoch)
+
+    def plan_restatement(self, epoch: int, window_id: int, request_id: str, floor: int = 0) -> int:
         """Write a restatement ahead; the same request always gets the same sequence number
-        (so an attempt after an unanswered COMMIT finds the one that committed)."""
+        (so an attempt after an unanswered COMMIT finds the one that committed). A new one is
+        numbered above `floor`, the highest the sinks applied (the ledger's restatements can
+        be lost on their own: a number a sink applied already would be skipped there)."""
 
         def plan(conn: psycopg.Connection) -> int:
             self.fence(conn, epoch)
@@ -577,9 +672,9 @@ class Ledger:
             if row is None:
                 row = conn.execute(
                     "INSERT INTO onceflow.restatements (job, seq, window_id, request_id, epoch)"
-                    " SELECT %s, coalesce(max(seq), 0) + 1, %s, %s, %s"
+                    " SELECT %s, greatest(coalesce(max(seq), 0), %s) + 1, %s, %s, %s"
                     " FROM onceflow.restatements WHERE job = %s RETURNING seq",
-                    (self.job, window_id, request_id, epoch, self.job),
+                    (self.job, floor, window_id, request_id, epoch, self.job),
                 ).fetchone()
             assert row is not None
             return int(row[0])

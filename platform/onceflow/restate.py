@@ -73,10 +73,14 @@ def restate_windows(
                 "effect to restate."
             )
         windows.append(window)
+    # Numbered above what any sink applied: the ledger's restatements may have been lost.
+    floor = max((group.restated_through() for group in engine.groups), default=0)
     pending = [
         (
             window,
-            ledger.plan_restatement(epoch, window.window_id, f"{request_id}/w{window.window_id}"),
+            ledger.plan_restatement(
+                epoch, window.window_id, f"{request_id}/w{window.window_id}", floor
+            ),
         )
         for window in windows
     ]

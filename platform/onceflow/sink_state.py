@@ -61,7 +61,9 @@ class SinkState:
                 "        AND sink = %(sink)s),"
                 " (SELECT coalesce(max(w.window_id), 0) FROM onceflow.windows w"
                 "  WHERE w.job = %(job)s AND w.window_id < %(before)s"
-                "  AND w.completed_at IS NOT NULL AND w.skipped_at IS NULL),"
+                "  AND w.completed_at IS NOT NULL AND w.skipped_at IS NULL"
+                "  AND NOT EXISTS (SELECT 1 FROM onceflow.abandoned_windows a"
+                "   WHERE a.job = w.job AND a.window_id = w.window_id AND a.sink = %(sink)s)),"
                 " (SELECT coalesce(max(seq), 0) FROM onceflow.restatements"
                 "  WHERE job = %(job)s AND completed_at IS NOT NULL)",
                 {"job": self.job, "sink": sink, "before": before},

@@ -75,17 +75,24 @@ class OpenItems:
     Attributes:
         restatements: Restatements written ahead and not applied yet: (seq, window, request).
         skipped: Windows an operator skipped: (window id, reason).
+        abandoned: Completed windows an operator abandoned for a sink that lost them and
+            cannot get them back: (window id, sink, reason), a known gap in that sink.
     """
 
     restatements: tuple[tuple[int, int, str], ...]
     skipped: tuple[tuple[int, str], ...]
+    abandoned: tuple[tuple[int, str, str], ...] = ()
 
 
 def open_items(engine: Engine) -> OpenItems:
-    """Unfinished restatements and skipped windows (shown until they are gone; skips stay)."""
+    """Unfinished restatements, skipped and abandoned windows (shown until they are gone;
+    skips and abandonments stay)."""
     engine.prepare()
+    ledger = engine.ledger
     return OpenItems(
-        tuple(engine.ledger.pending_restatements()), tuple(engine.ledger.skipped_windows())
+        tuple(ledger.pending_restatements()),
+        tuple(ledger.skipped_windows()),
+        tuple(ledger.abandoned_reasons()),
     )
 
 
@@ -103,6 +110,10 @@ def job_status(engine: Engine, lineage_windows: int = RECENT_WINDOWS) -> dict[st
     windows = ledger.windows()
     recent = windows[-RECENT_WINDOWS:]
     held = engine.held([w.window_id for w in recent])
+    abandoned = ledger.abandoned_reasons()
+    gaps: dict[int, list[str]] = {}
+    for wid, sink, _ in abandoned:
+        gaps.setdefault(wid, []).append(sink)
     sinks: dict[str, Any] = {}
     for group in engine.groups:
         sinks.update(group.status())
@@ -124,6 +135,9 @@ def job_status(engine: Engine, lineage_windows: int = RECENT_WINDOWS) -> dict[st
             for w in windows
             if w.skipped is not None
         ],
+        "abandoned": [
+            {"window_id": wid, "sink": sink, "reason": reason} for wid, sink, reason in abandoned
+        ],
         "restatements_pending": [
             {"seq": seq, "window_id": wid, "request_id": req}
             for seq, wid, req in ledger.pending_restatements()
@@ -138,6 +152,7 @@ def job_status(engine: Engine, lineage_windows: int = RECENT_WINDOWS) -> dict[st
                 "skipped": w.skipped,
                 "stats": w.stats,
                 "sinks": {name: name in held[w.window_id] for name in engine.sink_names},
+                "abandoned": gaps.get(w.window_id, []),
             }
             for w in recent
         ],
@@ -169,6 +184,11 @@ def format_status(status: dict[str, Any]) -> str:
         lines.append(f"restatements not finished: {pending} (the next run finishes them)")
     for skip in status["skipped"]:
         lines.append(f"window {skip['window_id']} skipped: {skip['reason']}")
+    for gap in status["abandoned"]:
+        lines.append(
+            f"window {gap['window_id']} abandoned for {gap['sink']}: {gap['reason']} (a known "
+            "gap: the sink lacks its rows)"
+        )
     lines.append("sinks:")
     for name, sink in status["sinks"].items():
         lines.append(
@@ -186,8 +206,10 @@ def format_status(status: dict[str, Any]) -> str:
         units = w["units"]
         first = units[0] if units else "-"
         more = f" +{len(units) - 1}" if len(units) > 1 else ""
-        missing = [n for n, ok in w["sinks"].items() if not ok]
+        missing = [n for n, ok in w["sinks"].items() if not ok and n not in w["abandoned"]]
         state = "complete" if not missing else f"missing in {', '.join(missing)}"
+        if w["abandoned"]:
+            state += f", abandoned for {', '.join(w['abandoned'])}"
         if w["skipped"] is not None:
             state = f"skipped ({w['skipped']})"
         stats = w["stats"] or {}

@@ -1,11 +1,22 @@
-"""Window ids as people write them (`3-7`, `1,4,9-10`), and Delta interval properties."""
+"""Window ids as people write them (`3-7`, `1,4,9-10`), Delta interval properties, and the
+operator's action for completed windows whose input is gone (`abandon_windows`)."""
 
 from __future__ import annotations
 
+import logging
 import re
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 from onceflow.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from onceflow.engine import Engine
+
+_log = logging.getLogger(__name__)
 
 # Every multi-window frame (reconcile's expected state, the compute path) carries the window
 # that produced each row in this column.
@@ -89,3 +100,81 @@ def parse_interval(text: str) -> timedelta:
             raise ConfigurationError(f"{text!r}: unknown unit {unit!r}.")
         total += int(number) * _UNITS[unit]
     return total
+
+
+@dataclass(frozen=True)
+class Abandoned:
+    """What `abandon_windows` recorded.
+
+    Attributes:
+        windows: Window id → the sinks it was abandoned for now (empty when every window asked
+            for was abandoned before).
+        lacking: Sink → completed windows it still lacks (not abandoned): later windows that
+            `onceflow reconcile` can now replay into it.
+    """
+
+    windows: dict[int, list[str]]
+    lacking: dict[str, list[int]]
+
+
+def abandon_windows(
+    engine: Engine, window_ids: Sequence[int], reason: str, run_id: str | None = None
+) -> Abandoned:
+    """Give up completed windows that some sink lacks and cannot get back, their input being
+    gone: recorded per (window, sink) with the reason, a known gap from then on.
+
+    Takes a new epoch first (so a run is fenced, as a skip does) and checks every window
+    before recording anything.
+
+    Raises:
+        ConfigurationError: No reason; a window never planned, skipped, pending (that is
+            `windows skip`), held by every sink, or whose input is still readable (then
+            reconcile replays it).
+    """
+    job = engine.job.name
+    if not reason.strip():
+        raise ConfigurationError("say why the windows are abandoned (--reason); it is recorded.")
+    epoch = engine.start(run_id or f"abandon-{uuid.uuid4().hex}")
+    ledger = engine.ledger
+    wanted = sorted(set(window_ids))
+    held = engine.held(wanted)
+    before = ledger.abandoned()
+    todo: dict[int, list[str]] = {}
+    for wid in wanted:
+        window = ledger.window(wid)
+        if window is None:
+            raise ConfigurationError(f"job {job}: window {wid} was never planned.")
+        if window.skipped is not None:
+            raise ConfigurationError(
+                f"job {job}: window {wid} was skipped ({window.skipped}); no sink has rows of "
+                "it, there is nothing to abandon."
+            )
+        if not window.completed:
+            raise ConfigurationError(
+                f"job {job}: window {wid} is not completed; a pending window whose input is "
+                f'gone is given up with `onceflow windows skip {job} {wid} --reason "…"`.'
+            )
+        lacking = [
+            n for n in engine.sink_names if n not in held[wid] and wid not in before.get(n, ())
+        ]
+        if not lacking:
+            if any(wid in ids for ids in before.values()):
+                continue  # abandoned before, for every sink that lacks it
+            raise ConfigurationError(
+                f"job {job}: every sink holds window {wid}; there is nothing to abandon."
+            )
+        if not engine.replay_problems(window):
+            raise ConfigurationError(
+                f"job {job}: window {wid}'s input is still readable, so it is not lost: run "
+                f"`onceflow reconcile {job}` to replay it into {', '.join(lacking)} instead."
+            )
+        todo[wid] = lacking
+    if todo:
+        ledger.abandon_windows(epoch, todo, reason.strip())
+        _log.warning(
+            "job %s: %s abandoned: %s",
+            job,
+            "; ".join(f"window {w} for {', '.join(s)}" for w, s in todo.items()),
+            reason.strip(),
+        )
+    return Abandoned(todo, engine.lacking_windows())

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 from deltalake import DeltaTable
+from psycopg import sql
 
 from onceflow._delta_read import open_table, read_table
 from onceflow._identifiers import spark_sql_name
@@ -49,25 +50,78 @@ SELECT (coalesce((SELECT sum(rows_written) FROM onceflow.sink_commits
 
 # Windows the Delta table holds are those up to its app-transaction version. A window in that
 # range without the output in its stats, or missing from the ledger, leaves the expected count
-# unknown, and that is reported rather than guessed. Skipped windows were held by no sink.
+# unknown, and that is reported rather than guessed. Skipped windows were held by no sink; a
+# window abandoned for the sink is a known gap: its rows are left out of the expected count
+# (and counted on their own as the gap's rows).
 _DELTA_LEDGER = """
 SELECT count(*)::bigint,
-       count(*) FILTER (
-           WHERE jsonb_typeof(stats -> 'outputs' -> %(output)s) IS DISTINCT FROM 'number')::bigint,
-       coalesce(sum((stats -> 'outputs' ->> %(output)s)::bigint) FILTER (
-           WHERE jsonb_typeof(stats -> 'outputs' -> %(output)s) = 'number'), 0)::bigint
-FROM onceflow.windows
-WHERE job = %(job)s AND window_id <= %(version)s AND skipped_at IS NULL
+       count(*) FILTER (WHERE NOT w.gap
+           AND jsonb_typeof(w.stats -> 'outputs' -> %(output)s) IS DISTINCT FROM 'number')::bigint,
+       coalesce(sum((w.stats -> 'outputs' ->> %(output)s)::bigint) FILTER (WHERE NOT w.gap
+           AND jsonb_typeof(w.stats -> 'outputs' -> %(output)s) = 'number'), 0)::bigint,
+       coalesce(sum((w.stats -> 'outputs' ->> %(output)s)::bigint) FILTER (WHERE w.abandoned
+           AND jsonb_typeof(w.stats -> 'outputs' -> %(output)s) = 'number'), 0)::bigint
+FROM (SELECT stats, skipped_at IS NOT NULL OR a.window_id IS NOT NULL AS gap,
+             a.window_id IS NOT NULL AS abandoned
+      FROM onceflow.windows
+      LEFT JOIN {abandoned} a USING (job, window_id)
+      WHERE job = %(job)s AND window_id <= %(version)s) w
 """
 
 # A table that is gone has no app transaction left to say which windows it held; the windows the
-# ledger marks completed must all have been there.
+# ledger marks completed must all have been there (but those abandoned for it).
 _DELTA_LEDGER_COMPLETED = """
 SELECT coalesce(sum((stats -> 'outputs' ->> %(output)s)::bigint) FILTER (
            WHERE jsonb_typeof(stats -> 'outputs' -> %(output)s) = 'number'), 0)::bigint
 FROM onceflow.windows
-WHERE job = %(job)s AND completed_at IS NOT NULL
+LEFT JOIN {abandoned} a USING (job, window_id)
+WHERE job = %(job)s AND completed_at IS NOT NULL AND a.window_id IS NULL
 """
+
+
+def _abandoned_relation(conn: psycopg.Connection, sink: str) -> sql.Composable:
+    """The windows abandoned for `sink` (job, window_id), as a relation to join."""
+    row = conn.execute("SELECT to_regclass('onceflow.abandoned_windows')").fetchone()
+    if row is None or row[0] is None:  # a ledger older than abandonment
+        return sql.SQL("(SELECT NULL::text AS job, NULL::bigint AS window_id WHERE false)")
+    return sql.SQL(
+        "(SELECT job, window_id FROM onceflow.abandoned_windows WHERE sink = {})"
+    ).format(sql.Literal(sink))
+
+
+def abandoned_windows(conn: psycopg.Connection, job: str) -> dict[str, list[tuple[int, str]]]:
+    """Sink → (window id, reason) of the windows abandoned for it (none on an older ledger)."""
+    row = conn.execute("SELECT to_regclass('onceflow.abandoned_windows')").fetchone()
+    if row is None or row[0] is None:
+        return {}
+    out: dict[str, list[tuple[int, str]]] = {}
+    for wid, sink, reason in conn.execute(
+        "SELECT window_id, sink, reason FROM onceflow.abandoned_windows WHERE job = %s"
+        " ORDER BY window_id",
+        (job,),
+    ):
+        out.setdefault(str(sink), []).append((int(wid), str(reason)))
+    return out
+
+
+def _known_gap(sink: str, gaps: list[tuple[int, str]]) -> CheckResult:
+    """A passing result that names a sink's abandoned windows: a known gap, never a silent one."""
+    from onceflow.windows import format_windows
+
+    return CheckResult(
+        sink=sink,
+        check="abandoned_windows",
+        passed=True,
+        observed={
+            "windows": format_windows([w for w, _ in gaps]),
+            "count": len(gaps),
+            "reasons": "; ".join(f"window {w}: {r}" for w, r in gaps),
+        },
+        description=(
+            f"{sink}: completed windows an operator abandoned for this sink (their input is "
+            "gone); their rows are not expected here"
+        ),
+    )
 
 
 @dataclass(frozen=True)
@@ -220,18 +274,23 @@ def _validate_delta(
         ledger["delta_version"] = snapshot
         ledger["committed_window"] = committed if committed is not None else 0
         row = conn.execute(
-            _DELTA_LEDGER,
+            sql.SQL(_DELTA_LEDGER).format(abandoned=_abandoned_relation(conn, target.sink)),
             {"job": job, "output": target.expected_output, "version": committed or 0},
         ).fetchone()
-        windows, without_stats, expected = (int(v) for v in row) if row else (0, 0, 0)
+        windows, without_stats, expected, gap_rows = (int(v) for v in row) if row else (0, 0, 0, 0)
         ledger["windows_missing_from_ledger"] = (committed or 0) - windows
         ledger["windows_without_stats"] = without_stats
+        if gap_rows:
+            ledger["abandoned_rows"] = gap_rows
     else:
         measured = {AGG_ROWS: 0, AGG_DUPLICATE_KEYS: 0, AGG_EXTRA_COPIES: 0}
         measured.update({agg_nulls(c): 0 for c in target.not_null})
         measured.update({agg_mismatches(c): 0 for c in target.regex})
         row = conn.execute(
-            _DELTA_LEDGER_COMPLETED, {"job": job, "output": target.expected_output}
+            sql.SQL(_DELTA_LEDGER_COMPLETED).format(
+                abandoned=_abandoned_relation(conn, target.sink)
+            ),
+            {"job": job, "output": target.expected_output},
         ).fetchone()
         expected = int(row[0]) if row else 0
         ledger["table_missing"] = 1
@@ -301,6 +360,8 @@ def validate(
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
             through = completed_through(conn, job)
+            gaps = abandoned_windows(conn, job)
+            named: set[str] = set()
             for target in targets:
                 started = time.perf_counter()
                 if isinstance(target, PostgresTableTarget):
@@ -312,6 +373,9 @@ def validate(
                     name, found = _validate_delta(session, conn, job, target, spark, timings)
                 timings[name] = time.perf_counter() - started
                 results.extend(found)
+                if target.sink in gaps and target.sink not in named:
+                    named.add(target.sink)
+                    results.append(_known_gap(target.sink, gaps[target.sink]))
             # Kept in the database for the lineage view: the latest checks covering a window.
             with conn.transaction():
                 record_check_results(conn, job, results, through)

@@ -47,8 +47,12 @@ class ReconcileReport:
         replayed: Per sink, completed windows it lacked (a lake lost or restored from an older
             copy) and that were committed to it again.
         lacking: Per sink, completed windows it lacks and that were not replayed (a dry run,
-            or their input is gone).
+            their input is gone, or an earlier window it lacks has no input).
         skipped: Windows an operator skipped, with the reason; they have no rows anywhere.
+        gone: Windows among `lacking` whose input is gone: they cannot be replayed, only
+            abandoned for those sinks (`onceflow windows abandon`).
+        abandoned: (window, sink, reason) of windows an operator abandoned for a sink: a
+            known gap there, not replayed and not counted as lacking.
     """
 
     job: str
@@ -61,11 +65,13 @@ class ReconcileReport:
     replayed: dict[str, list[int]] = field(default_factory=dict)
     lacking: dict[str, list[int]] = field(default_factory=dict)
     skipped: list[tuple[int, str]] = field(default_factory=list)
+    gone: list[int] = field(default_factory=list)
+    abandoned: list[tuple[int, str, str]] = field(default_factory=list)
 
     @property
     def clean(self) -> bool:
-        """True when every sink matched its expected state, held every completed window, and
-        every window was checkable."""
+        """True when every sink matched its expected state, held every completed window (but
+        the abandoned ones: known gaps), and every window was checkable."""
         return not self.unverifiable and not self.lacking and all(s.clean for s in self.sinks)
 
 
@@ -101,11 +107,28 @@ def format_report(report: ReconcileReport) -> str:
     ]
     for sink, ids in report.replayed.items():
         lines.append(f"{sink}: lacked committed windows {_ranges(ids)}; replayed into it")
+    gone = set(report.gone)
     for sink, ids in report.lacking.items():
-        state = "run without --dry-run to replay them" if report.dry_run else "input gone"
-        lines.append(f"{sink}: lacks committed windows {_ranges(ids)} ({state})")
+        lost = [w for w in ids if w in gone]
+        rest = [w for w in ids if w not in gone]
+        if lost:
+            lines.append(
+                f"{sink}: lacks committed windows {_ranges(lost)} and their input is gone; "
+                f"only `onceflow windows abandon {report.job} {_ranges(lost).replace(', ', ',')}"
+                ' --reason "…"` gets past them (a recorded gap)'
+            )
+        if rest:
+            if report.dry_run:
+                state = "run without --dry-run to replay them"
+            else:
+                state = "behind a window whose input is gone; replayed once it is abandoned"
+            lines.append(f"{sink}: lacks committed windows {_ranges(rest)} ({state})")
     for wid, reason in report.skipped:
         lines.append(f"window {wid}: skipped by an operator ({reason}); no rows expected")
+    for wid, sink, reason in report.abandoned:
+        lines.append(
+            f"window {wid}: abandoned for {sink} by an operator ({reason}); a known gap there"
+        )
     for wid, reason in report.unverifiable:
         lines.append(f"window {wid}: unverifiable, input gone ({reason}); its rows left alone")
     width = max([len(s.sink) for s in report.sinks] + [4])

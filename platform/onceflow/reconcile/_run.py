@@ -91,13 +91,15 @@ def reconcile(
         engine.rebuild_ledger()
         engine.check_retention()
         lacking = engine.lacking_windows()
+        gone = _gone(engine, lacking)
     else:
         epoch = engine.start(run_id)
         # A sink that lost committed windows gets them back first, through the commit protocol,
         # so its commit records are whole again and the diff below sees every window.
         step("replaying windows a sink lacks")
         replay = engine.replay_lacking(epoch, run_id)
-        replayed, lacking = replay.restored, replay.left
+        replayed, lacking, gone = replay.restored, replay.left, replay.gone
+    abandoned = engine.ledger.abandoned_reasons()
     every = engine.ledger.windows()
     skipped = [(w.window_id, w.skipped) for w in every if w.skipped is not None]
     windows = [w for w in every if w.skipped is None]
@@ -118,10 +120,7 @@ def reconcile(
         if available:
             seen = None
             if job.dedupe is not None and bad:
-                # The first occurrences in windows that cannot be replayed are known only from
-                # the state sink; trusting it here is the best there is (the input is gone).
-                state = engine.group_of[job.dedupe.state_sink]
-                seen = state.seen_keys(spark, job.dedupe.state_sink, list(job.dedupe.key), only=bad)
+                seen = _seen_in(engine, bad)
             step(f"recomputing {len(available)} window(s)")
             computed = compute(spark, job, settings, available, seen=seen)
             outputs = computed.outputs
@@ -167,4 +166,59 @@ def reconcile(
         replayed=replayed,
         lacking=lacking,
         skipped=skipped,
+        gone=gone,
+        abandoned=abandoned,
     )
+
+
+def _gone(engine: Engine, lacking: dict[str, list[int]]) -> list[int]:
+    """The windows among `lacking` whose input is gone (a dry run does not replay them)."""
+    ids = {wid for wids in lacking.values() for wid in wids}
+    return [
+        w.window_id
+        for w in engine.ledger.windows()
+        if w.window_id in ids and engine.replay_problems(w)
+    ]
+
+
+def _seen_in(engine: Engine, windows: frozenset[int]) -> DataFrame | None:
+    """The dedupe keys first kept by `windows` (whose input is gone), with `__seen_in`.
+
+    From the state sink, and from the key index, which every run's dedupe read: the state sink
+    may lack some of them (lost, or abandoned for it). The index's text form of a key is cast
+    back to the key columns' types."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType
+
+    job, spark = engine.job, engine.spark
+    assert job.dedupe is not None
+    name, keys = job.dedupe.state_sink, list(job.dedupe.key)
+    seen = engine.group_of[name].seen_keys(spark, name, keys, only=sorted(windows))
+    if engine.index is None:
+        return seen
+    rows = engine.ledger.read(
+        "read the dedupe keys of windows whose input is gone",
+        lambda conn: conn.execute(
+            "SELECT key, window_id FROM onceflow.dedupe_keys"
+            " WHERE job = %s AND window_id = ANY(%s)",
+            (job.name, sorted(windows)),
+        ).fetchall(),
+    )
+    if not rows:
+        return seen
+    indexed = spark.createDataFrame(
+        [(str(k), int(w)) for k, w in rows], "__key string, __seen_in long"
+    )
+    types = {f.name: f.dataType for f in seen.schema.fields} if seen is not None else {}
+    if len(keys) == 1:
+        parts = [F.col("__key")]
+    else:
+        array = F.from_json(F.col("__key"), "array<string>")
+        parts = [array.getItem(i) for i in range(len(keys))]
+    from_index = indexed.select(
+        *[p.cast(types.get(k, StringType())).alias(k) for p, k in zip(parts, keys, strict=True)],
+        "__seen_in",
+    )
+    if seen is None:
+        return from_index
+    return seen.unionByName(from_index).groupBy(*keys).agg(F.min("__seen_in").alias("__seen_in"))

@@ -222,6 +222,11 @@ class SinkGroup(ABC):
         `known` (None when they do): a ledger rebuilt from them would plan that input again."""
         return None
 
+    def restated_through(self) -> int:
+        """The highest restatement sequence number any of the sinks applied (0 for none), so a
+        new restatement is numbered above it even if the ledger lost its restatements."""
+        return 0
+
     @abstractmethod
     def begin(
         self,

@@ -143,6 +143,11 @@ class DeltaGroup(SinkGroup):
             for entry in self.table.history()
         ]
 
+    def restated_through(self) -> int:
+        if not self.table.exists():
+            return 0
+        return self.table.table().transaction_version(self.table.restate_app) or 0
+
     def begin(
         self,
         window: Window,

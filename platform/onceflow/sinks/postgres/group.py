@@ -219,6 +219,17 @@ class PostgresGroup(SinkGroup):
     def recorded_windows(self) -> list[RecordedWindow]:
         return [RecordedWindow(int(w), o, int(e)) for _, w, e, o in self._markers(None)]
 
+    def restated_through(self) -> int:
+        row = self._read(
+            "read the sinks' last restatement",
+            lambda conn: conn.execute(
+                "SELECT coalesce(max(seq), 0) FROM onceflow.restate_commits"
+                " WHERE job = %s AND sink = ANY(%s)",
+                (self.job, list(self.by_name)),
+            ).fetchone(),
+        )
+        return int(row[0]) if row else 0
+
     # -- commit -------------------------------------------------------------------------------
 
     def begin(
