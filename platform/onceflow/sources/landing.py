@@ -71,10 +71,11 @@ class LandingFiles(Source):
             return []
         # One listing for every window: a stat per committed file would cost a round trip
         # each on an object store.
-        now = {
-            f"{self.folder}/{posixpath.basename(info.path)}": info
-            for info in self.base(settings).files()
-        }
+        base = self.base(settings)
+        now = {f"{self.folder}/{posixpath.basename(info.path)}": info for info in base.files()}
+        # An object store's listing gives modification times in milliseconds, a look at one
+        # object (as planning takes them) in whole seconds: compare seconds there.
+        unit = 1 if base.is_local else 1_000_000_000
         changed = []
         for window_id, offsets in sorted(windows.items()):
             sizes = list(offsets.get("sizes", []))
@@ -85,7 +86,7 @@ class LandingFiles(Source):
                     continue
                 if i < len(sizes) and int(info.size or 0) != int(sizes[i]):
                     detail = f"now {info.size} bytes, {sizes[i]} when its window committed"
-                elif i < len(mtimes) and int(info.mtime_ns or 0) != int(mtimes[i]):
+                elif i < len(mtimes) and int(info.mtime_ns or 0) // unit != int(mtimes[i]) // unit:
                     detail = "same size, modified after its window committed"
                 else:
                     continue
