@@ -102,7 +102,7 @@ def _load_entry(entry: str, setting: str) -> list[Job]:
     except ImportError as exc:
         raise ConfigurationError(
             f"{setting}: cannot import {module_name!r} ({exc}); check the name, and run onceflow "
-            "from the folder that holds the module (or put that folder on PYTHONPATH)."
+            "from the module's folder or put that folder on the Python path (PYTHONPATH)."
         ) from None
     except ConfigurationError as exc:
         raise ConfigurationError(f"{setting}: {module_name}: {exc.message}") from None
