@@ -10,6 +10,7 @@ from dagster import (
     AssetCheckExecutionContext,
     AssetCheckResult,
     AssetChecksDefinition,
+    AssetCheckSeverity,
     AssetCheckSpec,
     AssetKey,
     MetadataValue,
@@ -153,27 +154,41 @@ def build_freshness_checks(job: Job, keys: Sequence[AssetKey]) -> list[AssetChec
         postgres: PostgresResource,
         onceflow: OnceflowSettingsResource,
     ) -> Iterator[AssetCheckResult]:
-        from onceflow.status import freshness
+        from onceflow.status import changed_input_message, freshness
 
         settings = onceflow.settings()
         engine = build_engine(job, settings, None, postgres.resolve(settings.home))
         found = freshness(engine)
         age = found.oldest_unplanned_age_s
+        stale = (
+            None
+            if found.fresh
+            else (
+                f"{found.unplanned} input unit(s) unplanned, the oldest for {age or 0:.0f}s "
+                f"(bound {found.bound_s:g}s): no run has taken them."
+            )
+        )
+        # Committed input that changed is a warning: nothing waits, but a change is lost.
+        changed = changed_input_message(job.name, found.changed) if found.changed else None
+        description = " ".join(text for text in (stale, changed) if text) or None
         for key in context.selected_asset_check_keys:
             yield AssetCheckResult(
                 asset_key=key.asset_key,
                 check_name=FRESHNESS_CHECK,
-                passed=found.fresh,
-                description=None
-                if found.fresh
-                else (
-                    f"{found.unplanned} input unit(s) unplanned, the oldest for {age:.0f}s "
-                    f"(bound {found.bound_s:g}s): no run has taken them."
-                ),
+                passed=found.fresh and not found.changed,
+                severity=AssetCheckSeverity.ERROR if not found.fresh else AssetCheckSeverity.WARN,
+                description=description,
                 metadata={
                     "unplanned_units": MetadataValue.int(found.unplanned),
                     "oldest_unplanned_age_s": MetadataValue.float(round(float(age or 0.0), 1)),
                     "freshness_s": MetadataValue.float(float(found.bound_s)),
+                    "changed_units": MetadataValue.int(len(found.changed)),
+                    "changed": MetadataValue.json(
+                        [
+                            {"unit": c.unit, "window_id": c.window_id, "detail": c.detail}
+                            for c in found.changed[:20]
+                        ]
+                    ),
                 },
             )
 

@@ -28,7 +28,7 @@ from onceflow.windows import WINDOW_COL
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
 
     from onceflow.ledger import Window
     from onceflow.settings import Settings
@@ -273,10 +273,43 @@ class _AnyWindowLookup:
         return lookup(batches)
 
 
+def _transform(
+    job: Job, rows: DataFrame, window_id: int, spark: SparkSession
+) -> tuple[dict[str, DataFrame], _WatchedContext]:
+    """The transform's outputs for one window, and the context it was given.
+
+    `ctx.window_id_column()` reads WINDOW_COL, which a `select` or an aggregate may leave
+    out; Spark then cannot resolve it. The transform (pure, so callable again) is then given
+    a context whose column is the window's id as a constant.
+    """
+    from pyspark.errors import AnalysisException
+
+    ctx = _WatchedContext(job.name, window_id)
+    try:
+        produced = dict(job.transform(rows, ctx))
+        if ctx.window_column_used and not window_params.supported(spark):
+            # Spark Connect analyses lazily: ask now, while the transform can be called again.
+            for df in produced.values():
+                df.schema  # noqa: B018
+        return produced, ctx
+    except AnalysisException as exc:
+        if not ctx.window_column_used or WINDOW_COL not in str(exc):
+            raise
+    ctx = _WatchedContext(job.name, window_id, constant_column=True)
+    return dict(job.transform(rows, ctx)), ctx
+
+
 class _WatchedContext(WindowContext):
     """A WindowContext that notes whether the transform read `window_id` while planning (a
     plan that holds it as a constant holds for that window only). Read in a task (a UDF that
-    keeps the context), it is the id of the window the task computes."""
+    keeps the context), it is the id of the window the task computes.
+
+    It also notes whether `window_id_column` was used; with `constant_column`, that column is
+    the window's id as a constant (which counts as reading `window_id`)."""
+
+    def __init__(self, job: str, window_id: int, *, constant_column: bool = False) -> None:
+        super().__init__(job, window_id)
+        object.__setattr__(self, "_constant_column", constant_column)
 
     def __getattribute__(self, name: str) -> Any:
         if name == "window_id":
@@ -286,9 +319,21 @@ class _WatchedContext(WindowContext):
             object.__setattr__(self, "_window_id_read", True)
         return super().__getattribute__(name)
 
+    def window_id_column(self) -> Column:
+        from pyspark.sql import functions as F
+
+        object.__setattr__(self, "_window_column_used", True)
+        if self.__dict__.get("_constant_column", False):
+            return F.lit(self.window_id).cast("bigint")
+        return super().window_id_column()
+
     @property
     def window_id_read(self) -> bool:
         return bool(self.__dict__.get("_window_id_read", False))
+
+    @property
+    def window_column_used(self) -> bool:
+        return bool(self.__dict__.get("_window_column_used", False))
 
 
 def _reads_only_its_window(df: DataFrame) -> bool:
@@ -384,8 +429,7 @@ def compute(
         # rows keep WINDOW_COL for `WindowContext.window_id_column`.
         mine = kept if len(windows) == 1 else kept.where(F.col(WINDOW_COL) == window.window_id)
         rows = mine.drop(KEY_COL, SEEN_COL)
-        ctx = _WatchedContext(job.name, window.window_id)
-        produced = job.transform(rows, ctx)
+        produced, ctx = _transform(job, rows, window.window_id, spark)
         any_window = slot is not None and not ctx.window_id_read
         for name, df in produced.items():
             if window_column:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from onceflow.errors import FencedError, OnceflowError
+from onceflow.errors import ConfigurationError, FencedError, OnceflowError
 from onceflow.postgres import redact
 
 _log = logging.getLogger("onceflow")
@@ -23,24 +23,38 @@ EXIT_FENCED = 3
 EXIT_CHECKS_FAILED = 4
 
 
-def _engine(job_name: str, guarantee: str | None = None, *, spark: bool = True) -> Any:
+EXIT_PIPE_CLOSED = 141  # as a shell reports a command ended by SIGPIPE
+
+# Where this process's Spark writes its log, once a session is started (for messages).
+_spark_log: Path | None = None
+
+
+def _engine(
+    job_name: str, guarantee: str | None = None, *, spark: bool = True, check_input: bool = False
+) -> Any:
     from onceflow.engine import build_engine
     from onceflow.postgres import check_reachable, resolve_dsn
     from onceflow.registry import get_job
     from onceflow.settings import Settings
-    from onceflow.spark import build_spark_session
+    from onceflow.spark import build_spark_session, debug_enabled
 
+    global _spark_log
     settings = Settings.from_env()
     job = get_job(job_name)
     settings.check_folders()
+    if check_input:
+        job.source.check_input(settings)  # a missing folder fails before anything starts
     dsn = resolve_dsn(settings.postgres_dsn, settings.home)
     check_reachable(dsn)  # before Spark starts: a wrong DSN fails at once, a down server soon
     session = None
     if spark:
+        log = None if debug_enabled() else settings.home / "logs" / "spark.log"
         session = build_spark_session(
             master=os.environ.get("ONCEFLOW_SPARK_MASTER"),
             remote=os.environ.get("ONCEFLOW_SPARK_REMOTE"),
+            log_file=log,
         )
+        _spark_log = log
     return build_engine(job, settings, session, dsn, guarantee=guarantee)
 
 
@@ -83,7 +97,7 @@ def _units(offsets: dict[str, Any]) -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    engine = _engine(args.job, args.guarantee)
+    engine = _engine(args.job, args.guarantee, check_input=True)
     stop = threading.Event()
 
     def on_term(signum: int, frame: Any) -> None:
@@ -91,6 +105,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         stop.set()
 
     signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGHUP, on_term)
     if args.follow:
         signal.signal(signal.SIGINT, on_term)
     from onceflow.progress import Progress
@@ -458,8 +473,75 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _exit_on(signum: int, frame: Any) -> None:
+    # Leave through the normal exit path, which stops the embedded server this process started.
+    raise SystemExit(128 + signum)
+
+
+def _stdout_closed() -> bool:
+    """Whether nothing reads our stdout any more (`onceflow status payments | head`)."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(event & select.POLLERR for _, event in poller.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _summary(exc: BaseException) -> str:
+    """One line saying what failed. A job's Python code failing on an executor (Spark's
+    `PythonException`, whose first line says only that) is told by the error's type and the
+    job's frame it was raised in; its text, which may quote values, is left to Spark's log."""
+    import re
+
+    text = str(exc).strip()
+    if type(exc).__name__ != "PythonException":
+        return text.splitlines()[0] if text else ""
+    kinds = re.findall(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt))\b", text, re.M)
+    frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', text)
+    where = f" at {Path(frames[-1][0]).name}, line {frames[-1][1]}, in {frames[-1][2]}"
+    return f"the job's code raised {kinds[-1] if kinds else 'an error'} on an executor" + (
+        where if frames else ""
+    )
+
+
+def _traceback(exc: BaseException) -> str:
+    """The whole traceback, with the errors behind `exc` even where a message left them out
+    (`raise … from None`); credentials removed, and PostgreSQL's messages (which may quote a
+    row's values) reduced to their SQLSTATE and identifiers."""
+    import traceback
+
+    import psycopg
+
+    from onceflow.sinks.postgres._columns import refusal_details
+
+    parts = []
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, psycopg.Error):
+            frames = "".join(traceback.format_tb(current.__traceback__))
+            parts.append(
+                f"Traceback (most recent call last):\n{frames}{type(current).__module__}."
+                f"{type(current).__qualname__}: SQLSTATE {current.sqlstate} "
+                f"({refusal_details(current) or 'no identifiers'}; its text is left out: it "
+                "may quote a row's values)\n"
+            )
+        else:
+            parts.append("".join(traceback.format_exception(current, chain=False)))
+        current = current.__cause__ or current.__context__
+    between = "\nDuring handling of the above exception, another exception occurred:\n\n"
+    return redact(between.join(reversed(parts)))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `onceflow` console script."""
+    from onceflow.postgres import release_embedded
+    from onceflow.spark import debug_enabled
+
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -469,28 +551,50 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     for noisy in ("py4j", "pyspark", "great_expectations"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _exit_on)
+    debug = debug_enabled()
     try:
-        return int(args.func(args))
+        code = int(args.func(args))
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at the interpreter's exit
+        return code
     except FencedError as exc:
+        if debug:
+            print(_traceback(exc), file=sys.stderr)
         print(f"onceflow: {redact(exc.message)}", file=sys.stderr)
         return EXIT_FENCED
     except OnceflowError as exc:
-        print(f"onceflow: {args.command} failed: {redact(exc.message)}", file=sys.stderr)
+        if debug:
+            print(_traceback(exc), file=sys.stderr)
+        log = (
+            f" Spark's log: {_spark_log}."
+            if _spark_log is not None and not isinstance(exc, ConfigurationError)
+            else ""
+        )
+        print(f"onceflow: {args.command} failed: {redact(exc.message)}{log}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
         print("onceflow: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:
-        if os.environ.get("ONCEFLOW_DEBUG"):
-            raise
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        if isinstance(exc, BrokenPipeError) and _stdout_closed():
+            # Whoever read our output has stopped (`| head`): end quietly, as a shell tool
+            # does; what is still buffered goes nowhere rather than fail at the exit.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return EXIT_PIPE_CLOSED
+        if debug:
+            print(_traceback(exc), file=sys.stderr)
+        log = f" Spark's log: {_spark_log}." if _spark_log is not None else ""
         print(
             f"onceflow: {args.command} failed with an unexpected {type(exc).__name__}: "
-            f"{redact(first)[:500]}. Nothing is lost: committed windows stay committed and the "
-            "next run replays the rest. Set ONCEFLOW_DEBUG=1 for the traceback.",
+            f"{redact(_summary(exc))[:500]}. Nothing is lost: committed windows stay committed "
+            f"and the next run replays the rest.{log}"
+            + ("" if debug else " Set ONCEFLOW_DEBUG=1 for the whole traceback."),
             file=sys.stderr,
         )
         return EXIT_FAILED
+    finally:
+        release_embedded()
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ from onceflow.sinks.writers import (
     run_writers,
 )
 from onceflow.sources.base import ArrowParse
+from onceflow.status import warn_changed_input
 from onceflow.windows import WINDOW_COL
 
 if TYPE_CHECKING:
@@ -461,8 +462,14 @@ class Engine:
         if max_units_per_window is not None and max_units_per_window < 1:
             raise ConfigurationError("max files (units) per window must be at least 1.")
         run_id = run_id or uuid.uuid4().hex
+        # Mistakes a user fixes by hand are refused before anything is taken or computed.
+        self.job.source.check_input(self.settings)
+        self.prepare()
+        for group in self.groups:
+            group.check_tables()
         epoch = self.start(run_id)
         self.check_sinks_hold_completed()
+        warn_changed_input(self)
         result = RunResult(self.job.name, run_id, epoch)
 
         def done(window_result: WindowResult) -> None:

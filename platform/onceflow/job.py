@@ -33,11 +33,14 @@ class WindowContext:
     window_id: int
 
     def window_id_column(self) -> Column:
-        """The window's id as a BIGINT column of the transform's rows.
+        """The window's id as a BIGINT column expression, usable wherever a column is.
 
         Prefer it to `F.lit(ctx.window_id)`: a literal is a new constant in every window's
         plan, so Spark generates and compiles that plan's code again for each window (and the
-        JVM compiles it again), where the column gives every window the same code.
+        JVM compiles it again), where the column gives every window the same code. It reads
+        the id from a column the transform's rows carry; used where they no longer do (after
+        a `select` or an aggregate that left it out), the transform is called again and it is
+        the window's id as a constant there (that job's windows are then planned one by one).
         """
         from pyspark.sql import functions as F
 

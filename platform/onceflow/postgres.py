@@ -3,6 +3,7 @@ retries that let a job ride out a lost connection."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
@@ -96,12 +97,22 @@ def _import_pgserver() -> Any:
     return pgserver
 
 
+# The embedded servers this process holds, by data folder: released by `release_embedded`.
+_HELD: dict[Path, Any] = {}
+
+
 def embedded_dsn(home: Path) -> str:
-    """Start (or reuse) the embedded PostgreSQL server under `home` and return its DSN."""
+    """Start (or reuse) the embedded PostgreSQL server under `home` and return its DSN.
+
+    pgserver stops the server when the last process holding it lets go (`release_embedded`,
+    or its exit handler). A process killed before it could (SIGKILL) stays on pgserver's list
+    and would keep the server running for good: dead processes are taken off it first.
+    """
     pgserver = _import_pgserver()
 
     data = home / "postgres"
     data.mkdir(parents=True, exist_ok=True)
+    _forget_dead_holders(data)
     try:
         server = pgserver.get_server(data, cleanup_mode="stop")
     except Exception as exc:  # pgserver raises assorted subprocess and OS errors
@@ -109,7 +120,45 @@ def embedded_dsn(home: Path) -> str:
             f"the embedded PostgreSQL server under {data} did not start ({type(exc).__name__}); "
             "see its log in that folder, or set ONCEFLOW_POSTGRES_DSN to a server of yours."
         ) from None
+    _HELD[data.resolve()] = server
     return str(server.get_uri())
+
+
+def release_embedded() -> None:
+    """Let go of every embedded server this process holds: each stops unless another live
+    process (a `dagster dev`, another run) still uses it. Called on every exit of a command."""
+    while _HELD:
+        data, server = _HELD.popitem()
+        _forget_dead_holders(data)
+        try:
+            server.cleanup()
+        except Exception:  # exiting anyway: pgserver's own exit handler tries again
+            _log.debug("could not stop the embedded server under %s", data, exc_info=True)
+
+
+def _forget_dead_holders(data: Path) -> None:
+    """Take processes that no longer run off pgserver's list of the server's holders."""
+    import psutil
+    from pgserver.postgres_server import PostgresServer
+
+    listed = data / ".handle_pids.json"
+    with PostgresServer._lock:
+        try:
+            pids = [int(p) for p in json.loads(listed.read_text())]
+        except (OSError, ValueError, TypeError):
+            return
+        alive = [p for p in pids if _running(psutil, p)]
+        if alive != pids:
+            listed.write_text(json.dumps(alive))
+
+
+def _running(psutil: Any, pid: int) -> bool:
+    try:
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.Error:  # another user's process: it runs
+        return True
 
 
 def stop_embedded(home: Path) -> bool:

@@ -2,10 +2,11 @@
 
 An entry is an import path: `package.module` (every `Job` defined at the module's top level)
 or `package.module:NAME` (one `Job`, a sequence of jobs, or a function returning either).
-`ONCEFLOW_JOBS` (comma-separated) wins over the nearest `pyproject.toml` that has a
-`[tool.onceflow]` table (looked for from the working directory up; its folder is put on
-`sys.path`, as Dagster does with a code location's working directory). With neither, the
-reference jobs `payments` and `daily_totals` are loaded.
+`ONCEFLOW_JOBS` (comma-separated; the working directory is put on `sys.path`, as `python -m`
+does) wins over the nearest `pyproject.toml` that has a `[tool.onceflow]` table (looked for
+from the working directory up; its folder is put on `sys.path`, as Dagster does with a code
+location's working directory). With neither, the reference jobs `payments` and `daily_totals`
+are loaded.
 """
 
 from __future__ import annotations
@@ -100,8 +101,8 @@ def _load_entry(entry: str, setting: str) -> list[Job]:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigurationError(
-            f"{setting}: cannot import {module_name!r} ({exc}); check the name and that its "
-            "folder is on the Python path."
+            f"{setting}: cannot import {module_name!r} ({exc}); check the name, and run onceflow "
+            "from the module's folder or put that folder on the Python path (PYTHONPATH)."
         ) from None
     except ConfigurationError as exc:
         raise ConfigurationError(f"{setting}: {module_name}: {exc.message}") from None
@@ -136,16 +137,19 @@ def load_jobs(env: Mapping[str, str] | None = None, cwd: Path | None = None) -> 
     """
     env = os.environ if env is None else env
     given = env.get(JOBS_ENV, "").strip()
+    here = (cwd or Path.cwd()).absolute()
     if given:
         entries = [e for e in given.split(",") if e.strip()]
         origin = JOBS_ENV
+        # The `onceflow` script's own folder is on the path, not the user's: without this a
+        # module beside the user would be found only with PYTHONPATH=. set.
+        _on_path(here)
     else:
-        found = _read_pyproject((cwd or Path.cwd()).absolute())
+        found = _read_pyproject(here)
         if found is not None:
             entries, folder = found
             origin = f"[tool.onceflow] in {folder / 'pyproject.toml'}"
-            if str(folder) not in sys.path:
-                sys.path.insert(0, str(folder))
+            _on_path(folder)
         else:
             entries, origin = list(REFERENCE_JOBS), "the reference jobs"
     jobs: dict[str, Job] = {}
@@ -166,6 +170,11 @@ def load_jobs(env: Mapping[str, str] | None = None, cwd: Path | None = None) -> 
                     "names are asset keys in Dagster and must be unique across jobs."
                 )
     return JobSet(jobs, origin)
+
+
+def _on_path(folder: Path) -> None:
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
 
 
 def get_job(name: str) -> Job:

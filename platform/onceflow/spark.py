@@ -9,7 +9,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -87,22 +87,42 @@ def java_options() -> str:
 _JVM_NOTICES = (b"WARNING: Using incubator modules",)
 
 
+# A log file past this size is moved aside (one old copy kept) when a session starts.
+LOG_ROTATE_BYTES = 64 << 20
+
+
+def _log_target(log_file: Path | None, stderr_fd: int) -> BinaryIO:
+    """Where the JVM's stderr goes: `log_file`, else (or when it cannot be written) a copy
+    of our stderr. The pump thread closes it."""
+    if log_file is not None:
+        try:
+            log_file.parent.mkdir(parents=True, exist_ok=True)
+            if log_file.is_file() and log_file.stat().st_size > LOG_ROTATE_BYTES:
+                log_file.replace(log_file.with_name(log_file.name + ".1"))
+            return open(log_file, "ab", buffering=0)
+        except OSError:
+            pass
+    return os.fdopen(os.dup(stderr_fd), "wb", 0)
+
+
 @contextmanager
-def _jvm_notices_filtered() -> Iterator[None]:
+def _jvm_notices_filtered(log_file: Path | None = None) -> Iterator[None]:
     """Start the JVM with its stderr through a pipe that drops `_JVM_NOTICES` and forwards
-    everything else (warnings, errors, its Python workers' output) to our stderr."""
+    everything else (warnings, errors, its Python workers' output) to our stderr, or to
+    `log_file` when given."""
     try:
-        read_fd, write_fd = os.pipe()
         saved = os.dup(2)
     except OSError:  # no stderr to speak of: nothing to filter
         yield
         return
+    target = _log_target(log_file, saved)
+    read_fd, write_fd = os.pipe()
     sys.stderr.flush()
     os.dup2(write_fd, 2)
     os.close(write_fd)
 
     def pump() -> None:
-        with os.fdopen(read_fd, "rb") as source, os.fdopen(os.dup(saved), "wb", 0) as target:
+        with os.fdopen(read_fd, "rb") as source, target:
             for line in source:
                 if not line.startswith(_JVM_NOTICES):
                     target.write(line)
@@ -116,6 +136,15 @@ def _jvm_notices_filtered() -> Iterator[None]:
         os.close(saved)
 
 
+def _quiet_python_logs() -> None:
+    """PySpark logs each analysis error it raises, as JSON with the JVM's stack, through
+    handlers of its own on stderr: the exception raised says what is wrong already."""
+    from pyspark.logger import PySparkLogger
+
+    for name in ("DataFrameQueryContextLogger", "SQLQueryContextLogger"):
+        PySparkLogger.getLogger(name).disabled = True
+
+
 def _quiet_client() -> None:
     # gRPC (the Spark Connect client) logs a notice on every fork of a process using it.
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
@@ -127,8 +156,13 @@ def build_spark_session(
     remote: str | None = None,
     app_name: str = "onceflow",
     conf: Mapping[str, str] | None = None,
+    log_file: Path | None = None,
 ) -> SparkSession:
     """Return a Spark session configured for onceflow.
+
+    Unless `ONCEFLOW_DEBUG` is set, Spark's log (the JVM's warnings and errors, its Python
+    workers' output) goes to `log_file` when one is given, else to stderr, and PySpark's own
+    JSON logs of errors are off.
 
     Args:
         master: A `spark.master` URL; `local[2]` when neither this nor `remote` is given.
@@ -137,6 +171,8 @@ def build_spark_session(
             well under a second.
         app_name: The Spark application name.
         conf: Extra Spark settings, applied after the defaults.
+        log_file: Where a local session's JVM writes its log (the command line gives
+            `$ONCEFLOW_HOME/logs/spark.log`, so nothing of Spark's reaches the terminal).
     """
     from pyspark.sql import SparkSession
 
@@ -155,9 +191,12 @@ def build_spark_session(
     settings.update(conf or {})
     for key, value in settings.items():
         builder = builder.config(key, value)
-    if remote or debug_enabled():
+    if debug_enabled():
         return builder.getOrCreate()
-    with _jvm_notices_filtered():
+    _quiet_python_logs()
+    if remote:
+        return builder.getOrCreate()
+    with _jvm_notices_filtered(log_file):
         session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     return session

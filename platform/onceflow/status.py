@@ -2,11 +2,60 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from onceflow.errors import ConfigurationError
+from onceflow.sources.base import ChangedUnit
+
 if TYPE_CHECKING:
     from onceflow.engine import Engine
+    from onceflow.ledger import Window
+
+_log = logging.getLogger(__name__)
+
+# How many changed files a message names (the status JSON lists them all).
+NAMED_CHANGES = 3
+
+
+def changed_input(engine: Engine, windows: Sequence[Window] | None = None) -> list[ChangedUnit]:
+    """Input of completed windows that changed after they committed (size or modification
+    time differs from the window's offsets): the job never reads it again, so its new
+    content is not delivered. Files that are gone are not listed."""
+    every = engine.ledger.windows() if windows is None else windows
+    committed = {w.window_id: w.offsets for w in every if w.completed and w.skipped is None}
+    return engine.job.source.changed_after_commit(engine.settings, committed)
+
+
+def changed_input_message(job: str, changed: Sequence[ChangedUnit]) -> str:
+    """What a warning about `changed` says: which files, and what to do."""
+    named = "; ".join(c.describe() for c in changed[:NAMED_CHANGES])
+    more = f" and {len(changed) - NAMED_CHANGES} more" if len(changed) > NAMED_CHANGES else ""
+    return (
+        f"job {job}: {len(changed)} input file(s) changed after their window committed: "
+        f"{named}{more}. onceflow reads each file once, so the change is not delivered. Land "
+        "added records in a new file; restore the changed file (or remove it: a removed "
+        f"committed file is not reported). `onceflow status {job} --json` lists them all."
+    )
+
+
+def warn_changed_input(engine: Engine) -> list[ChangedUnit]:
+    """Log a warning when committed input changed (at the start of a run)."""
+    changed = changed_input(engine)
+    if changed:
+        _log.warning("%s", changed_input_message(engine.job.name, changed))
+    return changed
+
+
+def source_problem(engine: Engine) -> str | None:
+    """Why the job's source cannot be read at all (its folder is missing), or None."""
+    try:
+        engine.job.source.check_input(engine.settings)
+    except ConfigurationError as exc:
+        return exc.message
+    return None
 
 
 @dataclass(frozen=True)
@@ -50,11 +99,14 @@ class Freshness:
         bound_s: The job's `freshness_s`.
         unplanned: Visible input units no window has taken yet.
         oldest_unplanned_age_s: Age of the oldest of them, when the source knows it.
+        changed: Committed input that changed after its window committed (a warning: the
+            change is never delivered).
     """
 
     bound_s: float
     unplanned: int
     oldest_unplanned_age_s: float | None
+    changed: tuple[ChangedUnit, ...] = ()
 
     @property
     def fresh(self) -> bool:
@@ -63,9 +115,15 @@ class Freshness:
 
 
 def freshness(engine: Engine) -> Freshness:
-    """The job's freshness: input left unplanned for longer than its bound makes it stale."""
+    """The job's freshness: input left unplanned for longer than its bound makes it stale;
+    committed input that changed since is reported with it."""
     work = pending_work(engine)
-    return Freshness(engine.job.freshness_s, work.unplanned, work.oldest_unplanned_age_s)
+    return Freshness(
+        engine.job.freshness_s,
+        work.unplanned,
+        work.oldest_unplanned_age_s,
+        tuple(changed_input(engine)),
+    )
 
 
 @dataclass(frozen=True)
@@ -122,9 +180,15 @@ def job_status(engine: Engine, lineage_windows: int = RECENT_WINDOWS) -> dict[st
     unplanned = engine.unplanned_units()
     ages = [a for u in unplanned if (a := source.unit_age_s(settings, u)) is not None]
     sizes = [s for u in unplanned if (s := source.unit_size(settings, u)) is not None]
+    changed = changed_input(engine, windows)
     return {
         "job": engine.job.name,
         "source": source.describe(),
+        "source_location": source.location(settings),
+        "source_problem": source_problem(engine),
+        "changed_input": [
+            {"window_id": c.window_id, "unit": c.unit, "detail": c.detail} for c in changed
+        ],
         "guarantee": engine.job.guarantee.value,
         "epoch": ledger.current_epoch(),
         "windows": len(windows),
@@ -171,9 +235,18 @@ def job_status(engine: Engine, lineage_windows: int = RECENT_WINDOWS) -> dict[st
 
 def format_status(status: dict[str, Any]) -> str:
     """Human-readable status."""
+    location = status.get("source_location")
     lines = [
         f"job {status['job']} ({status['guarantee']}), epoch {status['epoch']}",
-        f"source: {status['source']}",
+        f"source: {status['source']}" + (f" at {location}" if location else ""),
+    ]
+    if status.get("source_problem"):
+        lines.append(f"  WARNING: {status['source_problem']}")
+    changed = status.get("changed_input") or []
+    if changed:
+        units = [ChangedUnit(c["window_id"], c["unit"], c["detail"]) for c in changed]
+        lines.append(f"  WARNING: {changed_input_message(status['job'], units)}")
+    lines += [
         f"windows: {status['windows']} planned, last {status['last_window']}, "
         f"pending {status['pending'] or 'none'}",
     ]

@@ -383,12 +383,25 @@ def test_malformed_quoting_is_one_invalid_record(spark, settings: Settings) -> N
     }
 
 
-def test_unclosed_quote_keeps_the_rest_of_the_file_in_one_record(spark, settings) -> None:
-    put(settings, "t/a.csv", 'id,name\n1,ok\n2,"open\n3,lost?\n\n4,x\n')
-    rows = read(spark, settings, CsvSource("t", {"id": "int", "name": "string"}))
-    assert by_line(rows, "id", "_reason", "_raw_text") == {
+UNTERMINATED = "unterminated quote on this line; the lines after it are read on their own"
+
+
+def test_an_unterminated_quote_costs_only_its_line(spark, settings) -> None:
+    # Open to the end of the file, and open until a later line's quote that cannot close it:
+    # the valid records after the stray quote are delivered, never taken into its record.
+    put(settings, "a/a.csv", 'id,name\n1,ok\n2,"open\n3,kept\n\n4,x\n')
+    put(settings, "b/b.csv", 'id,name\n5,"open\n"6",kept\n7,x\n')
+    schema = {"id": "int", "name": "string"}
+    assert by_line(read(spark, settings, CsvSource("a", schema)), "id", "_reason", "_raw_text") == {
         2: (1, None, None),
-        3: (None, "malformed CSV: unexpected end of data", '2,"open\n3,lost?\n\n4,x'),
+        3: (None, f"malformed CSV: unexpected end of data ({UNTERMINATED})", '2,"open'),
+        4: (3, None, None),
+        6: (4, None, None),
+    }
+    assert by_line(read(spark, settings, CsvSource("b", schema)), "id", "_reason", "_raw_text") == {
+        2: (None, f"malformed CSV: ',' expected after '\"' ({UNTERMINATED})", '5,"open'),
+        3: (6, None, None),
+        4: (7, None, None),
     }
 
 

@@ -45,7 +45,9 @@ class Finished:
 class CliRun:
     """One `onceflow` process in its own session, so its Spark JVM can be killed with it."""
 
-    def __init__(self, args: list[str], env: dict[str, str], logs: Path) -> None:
+    def __init__(
+        self, args: list[str], env: dict[str, str], logs: Path, cwd: Path | None = None
+    ) -> None:
         logs.mkdir(parents=True, exist_ok=True)
         stamp = f"{time.monotonic_ns()}"
         self._out_path = logs / f"{stamp}.out"
@@ -55,7 +57,7 @@ class CliRun:
         self.proc = subprocess.Popen(
             [ONCEFLOW, *args],
             env=env,
-            cwd=logs,
+            cwd=cwd or logs,
             stdout=self._out,
             stderr=self._err,
             stdin=subprocess.DEVNULL,

@@ -179,6 +179,16 @@ class SinkGroup(ABC):
     def prepare(self) -> None:
         """Create what the sinks need that does not depend on data (tables, marker DDL)."""
 
+    def check_tables(self) -> None:
+        """Before a run computes anything (after `prepare`): refuse tables that cannot take
+        the declared rows (a declared column missing, renamed or of another type), naming the
+        sink, the column and the command or migration that fixes it.
+
+        Raises:
+            SinkError: A table does not fit its sink's declaration.
+        """
+        return None
+
     @abstractmethod
     def epoch_floor(self) -> int:
         """The highest epoch these sinks have seen (so a new epoch is higher without a ledger)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from onceflow.sources.base import ArrowParse, Observation, Source
+from onceflow.sources.base import ArrowParse, ChangedUnit, Observation, Source
 from onceflow.sources.landing import LandingFiles, LandingSource
 
 if TYPE_CHECKING:
@@ -30,6 +30,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "ArrowParse",
+    "ChangedUnit",
     "CsvSource",
     "DeltaTableSource",
     "LandingFiles",

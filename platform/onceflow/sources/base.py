@@ -65,6 +65,24 @@ class ArrowParse:
 
 
 @dataclass(frozen=True)
+class ChangedUnit:
+    """A unit of a committed window that is no longer what the window recorded.
+
+    Attributes:
+        window_id: The window that committed the unit.
+        unit: The unit (a path relative to the landing root).
+        detail: What differs (sizes, modification times; never contents).
+    """
+
+    window_id: int
+    unit: str
+    detail: str
+
+    def describe(self) -> str:
+        return f"{self.unit} (window {self.window_id}): {self.detail}"
+
+
+@dataclass(frozen=True)
 class Observation:
     """What a source holds now, for triggers and the UI.
 
@@ -97,6 +115,28 @@ class Source(ABC):
         """The table under the lake root this source reads, if any: a job whose sink writes
         that table is upstream of this one."""
         return None
+
+    def location(self, settings: Settings) -> str | None:
+        """Where the input is, absolute (a folder or a URI), for status and messages."""
+        table = self.lake_table
+        return None if table is None else (settings.lake / table).uri
+
+    def check_input(self, settings: Settings) -> None:
+        """At the start of a run: fail when the input's location cannot hold input at all (a
+        folder that does not exist). Input that is merely absent is fine.
+
+        Raises:
+            ConfigurationError: The location is missing; the message names it and its setting.
+        """
+        return None
+
+    def changed_after_commit(
+        self, settings: Settings, windows: Mapping[int, Mapping[str, Any]]
+    ) -> list[ChangedUnit]:
+        """Units of the given committed windows (id → offsets) that are still visible but
+        differ from what the offsets recorded: input the job will never read again. Units
+        that are gone are not listed (producers may clean up committed input)."""
+        return []
 
     @abstractmethod
     def discover(self, settings: Settings, after: Mapping[str, Any] | None) -> list[str]:

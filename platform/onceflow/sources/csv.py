@@ -14,9 +14,11 @@ How a file becomes records:
   one, so bytes that are not UTF-8 make only the record they belong to invalid ("invalid UTF-8",
   its text kept with `\\xNN` escapes); the records around it are read as usual.
 - Quoting is strict: a character after a closing quote other than the delimiter, or a quote
-  still open at the end of the file, makes the record invalid ("malformed CSV: …"). An open
-  quote swallows every line up to the end of the file into that one record: nothing is dropped,
-  and the quarantine shows where it started.
+  still open at the end of the file, makes the record invalid ("malformed CSV: …"). Such a
+  record that spans several lines has a quote opened on its first line that never closes
+  properly: only that first line is the invalid record, and the lines after it are read
+  again as records of their own. So a stray quote costs its own line, never the valid records
+  after it.
 - With `header=True` the first record names the columns: it must name every declared column
   once (spaces and tabs around names are trimmed; extra columns are ignored; order is free).
   Otherwise the header record and every record after it are invalid, with a reason naming the
@@ -127,43 +129,62 @@ class CsvSource(LandingFiles):
 class _LineFeed:
     """Feeds a binary file to `csv.reader` one decoded line at a time, remembering which
     physical lines the record being parsed has used, so each record knows where it starts, its
-    exact text, and whether any of its lines was not UTF-8."""
+    exact text, and whether any of its lines was not UTF-8. Lines given back (`confine`) are
+    fed again before the rest of the file."""
 
     def __init__(self, handle: IO[bytes]) -> None:
         self._handle = handle
         self.number = 0
-        self.pending: list[str] = []
-        self.first_line = 0
-        self.bad_utf8 = False
+        # The current record's lines: (number, text, not UTF-8).
+        self.pending: list[tuple[int, str, bool]] = []
+        self._again: list[tuple[int, str, bool]] = []  # to feed again, last first
 
     def __iter__(self) -> _LineFeed:
         return self
 
     def __next__(self) -> str:
-        raw = next(self._handle)
-        self.number += 1
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            text = raw.decode("utf-8", errors="backslashreplace")
-            self.bad_utf8 = True
-        if self.number == 1 and text.startswith("\ufeff"):
-            text = text[1:]
-        if not self.pending:
-            self.first_line = self.number
-        self.pending.append(text)
-        return text
+        if self._again:
+            line = self._again.pop()
+        else:
+            raw = next(self._handle)
+            self.number += 1
+            bad = False
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                text = raw.decode("utf-8", errors="backslashreplace")
+                bad = True
+            if self.number == 1 and text.startswith("\ufeff"):
+                text = text[1:]
+            line = (self.number, text, bad)
+        self.pending.append(line)
+        return line[1]
+
+    @property
+    def lines_taken(self) -> int:
+        return len(self.pending)
 
     def take(self) -> tuple[int, str, bool]:
         """The finished record's first line, text (without its final line ending) and
         whether it held bytes that are not UTF-8; the feed starts a new record."""
-        text = "".join(self.pending)
-        if text.endswith("\n"):
-            text = text[:-2] if text.endswith("\r\n") else text[:-1]
-        taken = (self.first_line, text, self.bad_utf8)
+        first = self.pending[0][0] if self.pending else self.number
+        text = _without_line_end("".join(text for _, text, _ in self.pending))
+        bad = any(bad for _, _, bad in self.pending)
         self.pending = []
-        self.bad_utf8 = False
-        return taken
+        return first, text, bad
+
+    def confine(self) -> tuple[int, str, bool]:
+        """Take only the record's first line as the record; its other lines are fed again."""
+        rest = self.pending[1:]
+        self.pending = self.pending[:1]
+        self._again.extend(reversed(rest))
+        return self.take()
+
+
+def _without_line_end(text: str) -> str:
+    if text.endswith("\n"):
+        return text[:-2] if text.endswith("\r\n") else text[:-1]
+    return text
 
 
 def _header_layout(schema: Schema, names: list[str]) -> tuple[list[int], str | None]:
@@ -222,10 +243,22 @@ def iter_csv_file(
             try:
                 fields = next(reader)
             except StopIteration:
-                break
+                if feed.lines_taken <= 1:
+                    break
+                # The file ended inside a quoted field opened on the record's first line.
+                error = "malformed CSV: unexpected end of data"
             except csv.Error as exc:
                 error = f"malformed CSV: {exc}"
-            line, text, bad_utf8 = feed.take()
+            if error is not None and feed.lines_taken > 1:
+                # A quote opened on the record's first line never closed properly: that line
+                # is the invalid record, and the lines after it are records of their own.
+                line, text, bad_utf8 = feed.confine()
+                error = f"{error} (unterminated quote on this line; the lines after it are read on their own)"
+                reader = csv.reader(
+                    feed, delimiter=delimiter, quotechar='"', doublequote=True, strict=True
+                )
+            else:
+                line, text, bad_utf8 = feed.take()
             if not text.strip():
                 continue
             if layout is None and header_problem is None:
@@ -266,7 +299,7 @@ def iter_csv_file(
             if len(buffer) >= batch_rows:
                 yield buffer.flush()
         if feed.pending:
-            # csv.reader ended inside a record without saying so: keep its text regardless.
+            # csv.reader ended inside a one-line record without saying so: keep its text.
             line, text, _ = feed.take()
             if text.strip():
                 buffer.invalid(line, "malformed CSV: incomplete record at end of file", text)

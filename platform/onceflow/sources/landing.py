@@ -3,7 +3,9 @@
 A visible file is complete and never changes: producers write under a temporary name and
 rename (on S3, one PUT per file: an object is visible whole or not at all). Names starting with
 `.` or `_`, or ending in `.tmp`, are not input. Files enter windows in the order they are
-discovered, and files discovered together in name order.
+discovered, and files discovered together in name order. A window's offsets record each
+file's size and modification time, so a file changed after its window committed (input the
+job never reads again) is reported (`changed_after_commit`) rather than passed over in silence.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from onceflow import _window_params as window_params
-from onceflow.errors import SourceError
-from onceflow.sources.base import BatchFunction, Observation, Source
+from onceflow.errors import ConfigurationError, SourceError
+from onceflow.sources.base import BatchFunction, ChangedUnit, Observation, Source
 from onceflow.storage import Location, open_input
 
 if TYPE_CHECKING:
@@ -48,6 +50,49 @@ class LandingFiles(Source):
     def base(self, settings: Settings) -> Location:
         return settings.landing / self.folder
 
+    def location(self, settings: Settings) -> str | None:
+        return self.base(settings).uri
+
+    def check_input(self, settings: Settings) -> None:
+        base = self.base(settings)
+        # An object store has no folders: an empty prefix is an empty folder.
+        if not base.is_local or base.is_dir():
+            return
+        raise ConfigurationError(
+            f"the source folder {base} does not exist (folder {self.folder!r} under "
+            f"ONCEFLOW_LANDING={settings.landing}); create it (an empty folder is fine: "
+            f"`mkdir -p {base}`) or set ONCEFLOW_LANDING to the folder that holds {self.folder!r}."
+        )
+
+    def changed_after_commit(
+        self, settings: Settings, windows: Mapping[int, Mapping[str, Any]]
+    ) -> list[ChangedUnit]:
+        if not windows:
+            return []
+        # One listing for every window: a stat per committed file would cost a round trip
+        # each on an object store.
+        base = self.base(settings)
+        now = {f"{self.folder}/{posixpath.basename(info.path)}": info for info in base.files()}
+        # An object store's listing gives modification times in milliseconds, a look at one
+        # object (as planning takes them) in whole seconds: compare seconds there.
+        unit = 1 if base.is_local else 1_000_000_000
+        changed = []
+        for window_id, offsets in sorted(windows.items()):
+            sizes = list(offsets.get("sizes", []))
+            mtimes = list(offsets.get("mtimes", []))
+            for i, path in enumerate(offsets.get("files", [])):
+                info = now.get(path)
+                if info is None:
+                    continue
+                if i < len(sizes) and int(info.size or 0) != int(sizes[i]):
+                    detail = f"now {info.size} bytes, {sizes[i]} when its window committed"
+                elif i < len(mtimes) and int(info.mtime_ns or 0) // unit != int(mtimes[i]) // unit:
+                    detail = "same size, modified after its window committed"
+                else:
+                    continue
+                changed.append(ChangedUnit(window_id, path, detail))
+        return changed
+
     def discover(self, settings: Settings, after: Mapping[str, Any] | None = None) -> list[str]:
         """Visible input files, as paths relative to the landing root, in name order."""
         names = sorted(
@@ -60,11 +105,14 @@ class LandingFiles(Source):
         return [f"{self.folder}/{name}" for name in names]
 
     def offsets(self, settings: Settings, units: Sequence[str]) -> dict[str, Any]:
-        """The files in name order, with their sizes (a changed file is detected on replay)."""
+        """The files in name order, with their sizes (a changed file is detected on replay)
+        and modification times (nanoseconds; a file changed after its window is reported)."""
         ordered = sorted(units)
+        facts = [_file_facts(settings.landing / f) for f in ordered]
         return {
             "files": ordered,
-            "sizes": [(settings.landing / f).size() for f in ordered],
+            "sizes": [size for size, _ in facts],
+            "mtimes": [mtime for _, mtime in facts],
         }
 
     def units(self, offsets: Mapping[str, Any]) -> list[str]:
@@ -213,6 +261,20 @@ WHOLE_READ_MAX_BYTES = 256 << 20
 ONE_TASK_MAX_BYTES = 16 << 20
 # Larger windows: one task per file, up to this many tasks.
 MAX_READ_TASKS = 64
+
+
+def _file_facts(path: Location) -> tuple[int, int]:
+    """The file's size and modification time (ns), from one look.
+
+    Raises:
+        FileNotFoundError: There is no file here.
+    """
+    import pyarrow.fs as pafs
+
+    info = path.info()
+    if info.type != pafs.FileType.File:
+        raise FileNotFoundError(path.uri)
+    return int(info.size or 0), int(info.mtime_ns or 0)
 
 
 def _size(path: Location) -> int:

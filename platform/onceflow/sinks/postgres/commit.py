@@ -49,6 +49,7 @@ from onceflow.postgres import (
     retry_delays,
     retrying,
 )
+from onceflow.sinks.postgres._columns import refusal_details, table_problems
 from onceflow.sinks.postgres.spec import PostgresSink
 from onceflow.sinks.writers import PartitionHandle, PartitionWriter, rows_written, run_writers
 
@@ -595,17 +596,34 @@ class Transaction:
             raise
         except psycopg.Error as exc:
             # The server's message and DETAIL quote row values (payments are sensitive): keep
-            # only the error class and SQLSTATE.
+            # the error class, SQLSTATE and the identifiers of its diagnostics, and name what
+            # the tables lack by reading the catalog.
             conn.rollback()
-            names = ", ".join(f"{s.spec.schema}.{s.spec.table}" for s in staged)
-            raise SinkError(
-                f"job {self.job}: PostgreSQL refused window {window_id} ({type(exc).__name__}, "
-                f"SQLSTATE {exc.sqlstate}); nothing was written. Check the tables {names} for "
-                "constraints or changes made outside onceflow."
-            ) from None
+            raise SinkError(self._refused(conn, exc, staged, window_id)) from None
         finally:
             conn.close()
         return applied, xid
+
+    def _refused(
+        self, conn: psycopg.Connection, exc: psycopg.Error, staged: Sequence[Staged], window_id: int
+    ) -> str:
+        """The message of a window PostgreSQL refused: what was refused and, when a table no
+        longer fits its sink, what to change."""
+        details = refusal_details(exc)
+        problems: list[str] = []
+        try:
+            for item in staged:
+                problems += table_problems(conn, item.spec)
+        except psycopg.Error:  # the explanation is a courtesy: the refusal stands without it
+            _log.debug("could not read the sink tables' columns", exc_info=True)
+        head = (
+            f"job {self.job}: PostgreSQL refused window {window_id} ({type(exc).__name__}, "
+            f"SQLSTATE {exc.sqlstate}{'; ' + details if details else ''}); nothing was written."
+        )
+        if problems:
+            return f"{head} {'; '.join(problems)}. Then run the job again."
+        names = ", ".join(f"{s.spec.schema}.{s.spec.table}" for s in staged)
+        return f"{head} Check the tables {names} for constraints or changes made outside onceflow."
 
     def _check_staged(self, conn: psycopg.Connection, item: Staged) -> None:
         row = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(item.ident)).fetchone()

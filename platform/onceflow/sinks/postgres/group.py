@@ -26,6 +26,7 @@ from onceflow.sinks.base import (
     TableFacts,
     WindowWrite,
 )
+from onceflow.sinks.postgres._columns import table_problems
 from onceflow.sinks.postgres._reconcile import reconcile_postgres
 from onceflow.sinks.postgres.commit import (
     COMMIT_ATTEMPTS,
@@ -98,6 +99,18 @@ class PostgresGroup(SinkGroup):
         for name, identity in self._recorded().items():
             if identity is None and current.get(name):
                 self.state.record_identity(name, current[name])
+
+    def check_tables(self) -> None:
+        problems = self._read(
+            "check the sink tables' columns",
+            lambda conn: [p for spec in self.specs for p in table_problems(conn, spec)],
+        )
+        if problems:
+            raise SinkError(
+                f"job {self.job}: a sink table does not fit the job's declaration: "
+                f"{'; '.join(problems)}. Nothing was computed or written; change the table "
+                "(or the sink's `columns`) and run the job again."
+            )
 
     def _oids(self) -> dict[str, str | None]:
         """The oid of each sink's table now (None if missing)."""
