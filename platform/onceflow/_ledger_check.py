@@ -16,7 +16,8 @@ relies on is checked here, and what cannot be checked is harmless:
   (`SinkGroup.restated_through`).
 - `sink_commits` lost: the PostgreSQL sinks lack completed windows, and every run refuses
   (`Engine.check_sinks_hold_completed`) naming `onceflow reconcile`.
-- `abandoned_windows` lost: the gaps are lacking windows again; runs refuse the same way.
+- `abandoned_windows` lost: the gaps are lacking windows again wherever the sink says it
+  lacks them (`SinkGroup.held`), and runs refuse the same way.
 """
 
 from __future__ import annotations
