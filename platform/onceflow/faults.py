@@ -23,6 +23,7 @@ POINTS = (
     "pg_commit_sent",  # COMMIT sent to PostgreSQL, its answer not read
     "after_commits",  # every sink committed, ledger not yet told
     "restated",  # a window restated in every sink, the ledger not yet told
+    "repair_staged",  # reconcile copied a sink's repair rows into staging, not yet applied
 )
 ACTIONS = ("kill", "stop")
 

@@ -16,8 +16,12 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from onceflow.engine import Engine
 from onceflow.generate import generate_payments
-from tests.support.cli import RUN_TIMEOUT_S, CliRun, Finished, cli_env
+from onceflow.registry import get_job
+from onceflow.settings import Settings
+from onceflow.sinks.postgres.commit import _staging_name
+from tests.support.cli import RUN_TIMEOUT_S, CliRun, Finished, cli_env, jobs_env
 from tests.support.oracle import expected_outputs
 from tests.support.outputs import actual_outputs, assert_exact
 
@@ -44,6 +48,16 @@ class Site:
 
     def run(self, fault: str | None = None, max_files: int = 2) -> Finished:
         return self.start(fault, max_files).finish()
+
+    def cli(self, *args: str, fault: str | None = None, **extra: str) -> CliRun:
+        return CliRun(list(args), self.env(fault, **extra), self.home / "logs")
+
+    def prepare_tables(self) -> None:
+        """Create the job's tables and the ledger, as a run's start does (no Spark)."""
+        settings = Settings(
+            home=self.home, postgres_dsn=self.dsn, lake=self.lake, landing=self.landing
+        )
+        Engine(get_job("payments"), settings, None, self.dsn).prepare()
 
     def assert_exact(self) -> None:
         assert_exact(expected_outputs(self.landing), actual_outputs(self.dsn, self.lake))
@@ -170,6 +184,110 @@ def test_server_crash_restart_between_staging_and_apply_restages(site: Site) -> 
         run.kill_group()
     assert finished.returncode == 0, finished.stderr[-2000:]
     assert "staging again" in finished.stderr
+    site.assert_exact()
+
+
+def _wait_for_lock_wait(dsn: str, table: str, timeout: float) -> None:
+    """Until a session of the job waits for a lock in a statement on `table`."""
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            row = conn.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE application_name LIKE 'onceflow/payments/e%%'"
+                " AND wait_event_type = 'Lock' AND query LIKE %s",
+                (f"%{table}%",),
+            ).fetchone()
+            if row is not None:
+                return
+            time.sleep(0.2)
+    pytest.fail(f"no session of the run waited on {table}")
+
+
+def test_a_copy_committed_between_the_count_and_the_apply_is_not_applied(site: Site) -> None:
+    site.prepare_tables()
+    # A writer's lock on the balances table holds the window's commit between its count of
+    # the balances' staging table and the apply that reads it.
+    hold = psycopg.connect(site.dsn)
+    hold.execute("LOCK TABLE public.merchant_balances IN SHARE MODE")
+    run = site.start()
+    try:
+        _wait_for_lock_wait(site.dsn, "merchant_balances", RUN_TIMEOUT_S)
+        with psycopg.connect(site.dsn, autocommit=True) as conn:
+            row = conn.execute("SELECT epoch FROM onceflow.jobs WHERE job = 'payments'").fetchone()
+        assert row is not None
+        staging = sql.Identifier(
+            "onceflow", _staging_name("payments", "pg_merchant_balances", 1, int(row[0]), "w")
+        )
+        # A stale task attempt's COPY of the same rows commits now, from a session of its own.
+        with psycopg.connect(site.dsn) as stale:
+            stale.execute("SET lock_timeout = '3s'")
+            try:
+                stale.execute(sql.SQL("INSERT INTO {} SELECT * FROM {}").format(staging, staging))
+                stale.commit()
+                landed = True
+            except psycopg.errors.LockNotAvailable:
+                stale.rollback()
+                landed = False  # refused: the apply holds what it counted
+        print(f"the stale copy {'landed' if landed else 'was refused'}")
+        hold.rollback()
+        finished = run.finish()
+    finally:
+        hold.close()
+        run.kill_group()
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    site.assert_exact()
+
+
+# The payments job with a keyless append sink, `pg_payment_log`.
+PAYMENT_LOG = jobs_env("tests.support.payment_log:JOB")
+
+
+def _payment_log(dsn: str) -> tuple[list[tuple[object, ...]], list[tuple[object, ...]]]:
+    """The log's rows, and the rows it should hold (each payment once)."""
+    with psycopg.connect(dsn) as conn:
+        log = conn.execute("SELECT payment_id, amount_cents, _window_id FROM payment_log")
+        want = conn.execute("SELECT payment_id, amount_cents, _window_id FROM public.payments")
+        return sorted(log.fetchall()), sorted(want.fetchall())
+
+
+def test_a_repair_copy_staged_twice_is_staged_again_not_applied_twice(site: Site) -> None:
+    done = site.start(**PAYMENT_LOG).finish()
+    assert done.returncode == 0, done.stderr[-2000:]
+    log, want = _payment_log(site.dsn)
+    assert log == want and len(want) > 100
+    with psycopg.connect(site.dsn) as conn:
+        conn.execute(
+            "DELETE FROM payment_log WHERE payment_id IN"
+            " (SELECT payment_id FROM payment_log ORDER BY payment_id LIMIT 5)"
+        )
+
+    repair = site.cli("reconcile", "payments", fault="repair_staged:stop", **PAYMENT_LOG)
+    try:
+        _wait_stopped(repair, RUN_TIMEOUT_S)
+        # The executors copied the 5 rows to insert; a retried task's COPY of the same rows
+        # commits too (a session of its own, as the task's would be).
+        with psycopg.connect(site.dsn) as conn:
+            (name,) = [
+                n
+                for (n,) in conn.execute(
+                    "SELECT relname FROM pg_class WHERE relnamespace = 'onceflow'::regnamespace"
+                    " AND relname LIKE 'reconcile%%ins%%'"
+                )
+            ]
+            staging = sql.Identifier("onceflow", name)
+            rows = conn.execute(sql.SQL("SELECT * FROM {}").format(staging)).fetchall()
+            assert len(rows) == 5
+            with conn.cursor().copy(sql.SQL("COPY {} FROM STDIN").format(staging)) as copy:
+                for row in rows:
+                    copy.write_row(row)
+        os.kill(repair.pid, signal.SIGCONT)
+        finished = repair.finish()
+    finally:
+        repair.kill_group()
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    log, want = _payment_log(site.dsn)
+    assert len(log) == len(want), f"{len(log) - len(want)} rows doubled"
+    assert log == want
     site.assert_exact()
 
 
