@@ -18,6 +18,7 @@ POINTS = (
     "before_sinks",  # window planned and its output staged, before any sink write
     "after_delta",  # after the Delta sinks committed, before the next kind of sink
     "after_postgres",  # after the PostgreSQL sinks committed, before the next kind of sink
+    "keys_staging",  # a window's key staging table created, its keys not yet copied
     "pg_staged",  # executors filled the PostgreSQL staging tables, the apply not yet begun
     "before_pg_commit",  # PostgreSQL transaction ready, COMMIT not yet sent
     "pg_commit_sent",  # COMMIT sent to PostgreSQL, its answer not read

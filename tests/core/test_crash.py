@@ -187,6 +187,78 @@ def test_server_crash_restart_between_staging_and_apply_restages(site: Site) -> 
     site.assert_exact()
 
 
+# A job whose outputs are staged (Parquet under the lake) before they are committed.
+STAGED = jobs_env("tests.support.staged_payments:STAGED_PAYMENTS")
+
+
+def test_server_crash_restart_between_key_staging_and_the_next_lookups_is_exact(
+    site: Site,
+) -> None:
+    # Window 2 starts its commit with its keys staged; window 3 is prepared beside it and has
+    # not looked them up yet.
+    run = site.start(fault="before_sinks@2:stop", **STAGED)
+    try:
+        _wait_stopped(run, RUN_TIMEOUT_S)
+        staged = _staged_rows(site.dsn)
+        assert any(n.startswith("keys_") and rows for n, rows in staged.items()), staged
+        _crash_restart_server(site.dsn)
+        assert all(rows == 0 for rows in _staged_rows(site.dsn).values())
+        os.kill(run.pid, signal.SIGCONT)
+        # Window 3's lookups find window 2's keys neither staged nor in the index: its
+        # stage, made against window 1 only, must not be what is committed.
+        finished = run.finish()
+    finally:
+        run.kill_group()
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    site.assert_exact()
+
+
+def _sorted_outputs(site: Site) -> list[list[object]]:
+    actual = actual_outputs(site.dsn, site.lake)
+    parts: list[list[object]] = [
+        sorted(actual.delta_payments),
+        sorted(actual.pg_payments),
+        sorted(actual.balances),
+        sorted(actual.quarantine, key=repr),
+    ]
+    return parts
+
+
+def test_a_zombie_paused_while_staging_keys_writes_nothing(site: Site) -> None:
+    # One window. The zombie made its key staging table and froze before copying its keys.
+    zombie = site.start(fault="keys_staging@1:stop", max_files=10)
+    newer: CliRun | None = None
+    try:
+        _wait_stopped(zombie, RUN_TIMEOUT_S)
+        # A newer run takes over and stages the same window's keys, then pauses before
+        # committing it: what it staged is what its commit will count and index.
+        newer = site.start(fault="before_sinks@1:stop", max_files=10)
+        _wait_stopped(newer, RUN_TIMEOUT_S)
+        before = _staged_rows(site.dsn)
+        assert any(n.startswith("keys_") and rows for n, rows in before.items()), before
+        outputs = _sorted_outputs(site)
+
+        os.kill(zombie.pid, signal.SIGCONT)
+        woken = zombie.finish()
+        assert woken.returncode == 3, (woken.returncode, woken.stderr[-2000:])
+        assert "fenced" in woken.stderr
+        after = _staged_rows(site.dsn)
+        # Nothing the newer run staged was emptied, refilled or dropped, and the zombie copied
+        # nothing anywhere (its own tables, empty, may be gone).
+        assert {n: r for n, r in before.items() if r} == {n: r for n, r in after.items() if r}
+        assert all(before.get(n) == r for n, r in after.items()), (before, after)
+        assert _sorted_outputs(site) == outputs
+
+        os.kill(newer.pid, signal.SIGCONT)
+        finished = newer.finish()
+    finally:
+        zombie.kill_group()
+        if newer is not None:
+            newer.kill_group()
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    site.assert_exact()
+
+
 def _wait_for_lock_wait(dsn: str, table: str, timeout: float) -> None:
     """Until a session of the job waits for a lock in a statement on `table`."""
     deadline = time.monotonic() + timeout
