@@ -680,8 +680,9 @@ class Engine:
             if attempt:
                 raise LedgerError(
                     f"job {self.job.name}: window {window.window_id} must be deduplicated "
-                    f"against {due}, but the dedupe key index gives {out.basis}. Check "
-                    f"`onceflow status {self.job.name}` for windows pending before it."
+                    f"against {due}, but the dedupe key index gives {out.basis}; nothing of it "
+                    f"was committed. Run `onceflow run {self.job.name}` again; if this repeats, "
+                    f"`onceflow status {self.job.name}` lists the windows pending before it."
                 )
             _log.warning(
                 "window %d: its dedupe saw %s but must see %s; computing it again",
