@@ -17,7 +17,15 @@ from onceflow import _window_params as window_params
 from onceflow import faults
 from onceflow._compute import COUNTS, Computed, compute
 from onceflow._identifiers import session_name, spark_sql_name
-from onceflow._keyindex import KEY_COL, KeyIndex, key_frame
+from onceflow._keyindex import (
+    KEY_COL,
+    Basis,
+    IndexState,
+    KeyIndex,
+    StagedKeys,
+    key_frame,
+    spans,
+)
 from onceflow._ledger_check import check_ledger
 from onceflow._staging import WindowStage
 from onceflow.errors import ConfigurationError, LedgerError, TransientSinkError
@@ -50,6 +58,8 @@ KEYS_OUTPUT = "__dedupe_keys"
 # Under this prefix and an output's name, the sink write reports the rows of an output that no
 # writer writes this time (its sinks held the window).
 _ROWS = "__rows/"
+# Where a stage's completion marker keeps the basis of its window's dedupe (`Basis.to_json`).
+_BASIS = "basis"
 
 
 @dataclass
@@ -72,6 +82,11 @@ class WindowOutputs:
     params: dict[str, Any] | None = None
     #: The plan slot the frames come from (with `params`).
     slot: int | None = None
+    #: The earlier windows its dedupe saw (None: the job does not dedupe by the key index).
+    basis: Basis | None = None
+    #: Staged keys its lookups read that `basis` does not count yet: each counts once it is
+    #: found whole after the lookups (`KeyIndex.confirm`).
+    looked_up: tuple[StagedKeys, ...] = ()
 
     def bound(
         self,
@@ -179,11 +194,17 @@ class _Prepared:
     writes: list[tuple[SinkGroup, WindowWrite]] = field(default_factory=list)
     results: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     keys: CopyWriter | None = None  # the staged dedupe keys
-    indexed: bool = True  # its keys reached the key index when it was completed
 
     def __post_init__(self) -> None:
         w = self.window
         self.result = WindowResult(w.window_id, w.offsets, w.stats or {})
+
+    def staged_keys(self) -> StagedKeys | None:
+        """Its kept keys as staged, for the next window's lookups."""
+        if self.keys is None or self.keys.key not in self.results:
+            return None
+        rows = rows_written(self.results[self.keys.key])
+        return StagedKeys(self.window.window_id, self.keys.table, rows)
 
 
 @dataclass
@@ -274,6 +295,12 @@ class Engine:
     def sink_names(self) -> list[str]:
         return [s.name for s in self.job.sinks]
 
+    @property
+    def _tracks_basis(self) -> bool:
+        """Whether a window's outputs name what its dedupe saw (a job deduplicated by the key
+        index, unless windows are marked completed when planned)."""
+        return self.index is not None and self.job.guarantee is not Guarantee.NONE
+
     # -- start-up -----------------------------------------------------------------------------
 
     def prepare(self) -> None:
@@ -338,6 +365,8 @@ class Engine:
         """The start-up of every writing run: prepare, rebuild the ledger from the sinks, check
         retention, take a new epoch above every sink's and the ledger's, claim it in every
         sink, then let the ledger check itself (`onceflow._ledger_check`)."""
+        if self.index is not None:
+            self.index.reset()
         self.prepare()
         self.rebuild_ledger()
         self.check_retention()
@@ -530,7 +559,7 @@ class Engine:
 
     def process_window(self, window: Window, epoch: int, run_id: str) -> WindowResult:
         """Commit `window` to every sink that does not hold it yet."""
-        return self._commit(self._prepare(window, epoch, run_id))
+        return self._commit(self._fresh(self._prepare(window, epoch, run_id), epoch, run_id))
 
     def _process_all(
         self,
@@ -581,7 +610,8 @@ class Engine:
         ahead = self._prepare(window, epoch, run_id)
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="onceflow-prepare") as pool:
             while ahead is not None:
-                current = ahead
+                # The windows before it are completed now: what its dedupe saw must be them.
+                current = self._fresh(ahead, epoch, run_id)
                 last = (stop is not None and stop.is_set()) or (
                     limit is not None and count + 1 >= limit
                 )
@@ -604,12 +634,6 @@ class Engine:
                         ahead = pending.result()
                     finally:
                         self._drop_keys(current)
-                    if not current.indexed:
-                        # Its staged keys were lost (a server restart): the next window may
-                        # have looked them up too late. Compute it again, once the key index
-                        # has them from the state sink.
-                        self._discard(ahead)
-                        ahead = self._prepare(following, epoch, run_id)
                 elif following is not None:
                     ahead = self._prepare(following, epoch, run_id)
                 else:
@@ -634,8 +658,10 @@ class Engine:
         todo = [name for name in self.sink_names if name not in held]
         if not todo:
             return prepared
-        also = (before.keys.table,) if before is not None and before.keys is not None else ()
-        out = prepared.out = self.outputs(window, seen_also=also, planned=True)
+        staged = before.staged_keys() if before is not None else None
+        out = prepared.out = self.outputs(
+            window, seen_also=(staged,) if staged else (), planned=True, epoch=epoch
+        )
         try:
             prepared.writes = [
                 (group, group.begin(window, out.frames, todo, epoch=epoch, run_id=run_id))
@@ -646,15 +672,65 @@ class Engine:
             ]
             if self.index is not None:
                 prepared.keys = self.index.staging_writer(
-                    KEYS_OUTPUT, window.window_id, session_name(self.job.name, epoch)
+                    KEYS_OUTPUT,
+                    window.window_id,
+                    session_name(self.job.name, epoch),
+                    epoch=epoch,
+                    fenced=self.exactly_once,
                 )
+                faults.point("keys_staging", window.window_id)
                 writers.append(prepared.keys)
-            prepared.results = self._write(window, out, writers, prepared.writes)
+            prepared.results = self._write(window, out, writers, prepared.writes, epoch)
             prepared.result.compute_s = time.monotonic() - started
             prepared.result.stats = out.counted(prepared.results, writers)
+            self._confirm(out)
         except BaseException:
             self._discard(prepared)
             raise
+        return prepared
+
+    def _confirm(self, out: WindowOutputs) -> None:
+        """Count in `out`'s basis the staged keys its lookups read, if still whole (the lookups
+        are done: they ran in the jobs that wrote the window's staged copies)."""
+        if self.index is not None and out.basis is not None and out.looked_up:
+            out.basis = self.index.confirm(out.basis, out.looked_up)
+        out.looked_up = ()
+
+    def _fresh(self, prepared: _Prepared, epoch: int, run_id: str) -> _Prepared:
+        """`prepared` if what its dedupe saw is still every earlier window the ledger plans
+        and did not skip; else the window prepared again (once the key index holds them).
+
+        It differs when staged keys it read were lost (a server crash-restart empties UNLOGGED
+        tables), or when an earlier window it saw was skipped since.
+
+        Raises:
+            LedgerError: Prepared again, it still differs.
+        """
+        window = prepared.window
+        for attempt in range(2):
+            out = prepared.out
+            if out is None or out.basis is None:
+                return prepared
+            state = self.ensure_index(window.window_id, epoch)
+            assert state is not None
+            due = state.due
+            if out.basis == due:
+                return prepared
+            if attempt:
+                raise LedgerError(
+                    f"job {self.job.name}: window {window.window_id} must be deduplicated "
+                    f"against {due}, but the dedupe key index gives {out.basis}; nothing of it "
+                    f"was committed. Run `onceflow run {self.job.name}` again; if this repeats, "
+                    f"`onceflow status {self.job.name}` lists the windows pending before it."
+                )
+            _log.warning(
+                "window %d: its dedupe saw %s but must see %s; computing it again",
+                window.window_id,
+                out.basis,
+                due,
+            )
+            self._discard(prepared)
+            prepared = self._prepare(window, epoch, run_id)
         return prepared
 
     def _commit(self, prepared: _Prepared, keep_keys: bool = False) -> WindowResult:
@@ -683,7 +759,7 @@ class Engine:
             result.visible_s = time.monotonic() - prepared.started
             if self.exactly_once:
                 self.ledger.check_epoch(epoch)
-            prepared.indexed = self._complete(
+            self._complete(
                 window.window_id, prepared.keys, prepared.results, _versions(result.sinks)
             )
         finally:
@@ -711,10 +787,12 @@ class Engine:
         out: WindowOutputs,
         writers: list[PartitionWriter],
         writes: list[tuple[SinkGroup, WindowWrite]],
+        epoch: int,
     ) -> dict[str, list[dict[str, Any]]]:
         """Run every writer in one Spark job (built once per plan slot when the outputs come
         from one). If that job fails, each group's writers (and the key index's) run again on
-        their own; nothing is committed before `finish`."""
+        their own, unless a newer run took over (staging copies refuse then); nothing is
+        committed before `finish`."""
         try:
             if out.slot is None:
                 with out.bound(self._spark):
@@ -732,6 +810,8 @@ class Engine:
                 window.window_id,
                 type(exc).__name__,
             )
+        if self.exactly_once:
+            self.ledger.check_epoch(epoch)
         with out.bound(self._spark):
             out.count()
             grouped = [write.writers for _, write in writes]
@@ -899,7 +979,7 @@ class Engine:
         for window, seq in todo:
             t0 = time.monotonic()
             tag = f"-r{seq}"
-            out = self.outputs(window, stage_tag=tag)
+            out = self.outputs(window, stage_tag=tag, epoch=epoch)
             result = WindowResult(window.window_id, window.offsets, out.count())
             try:
                 for group in self.groups:
@@ -965,15 +1045,28 @@ class Engine:
 
     # -- computing ----------------------------------------------------------------------------
 
-    def ensure_index(self, window_id: int) -> None:
-        """Put completed windows before `window_id` that the key index lacks into it, from the
-        dedupe state sink (made before the index existed, or their staged keys were lost)."""
+    def ensure_index(self, window_id: int, epoch: int | None = None) -> IndexState | None:
+        """Make the key index hold exactly the completed windows before `window_id`: put in
+        those it lacks, from the dedupe state sink (made before the index existed, or their
+        staged keys were lost), and take out those the ledger does not mark completed (a
+        ledger lost or changed). Return what the index and the ledger then hold; None if
+        the job does not dedupe by the index."""
         dedupe, index = self.job.dedupe, self.index
         if dedupe is None or index is None:
-            return
-        missing = index.missing(window_id)
+            return None
+        state = index.state(window_id)
+        if state.stale:
+            _log.warning(
+                "job %s: the dedupe key index held %s, which the ledger does not mark "
+                "completed; they are taken out of it",
+                self.job.name,
+                Basis(spans(state.stale)),
+            )
+            index.forget(state.stale)
+            state = state.indexing((), state.stale)
+        missing = state.missing
         if not missing:
-            return
+            return state
         gap = sorted(set(missing) & self.ledger.abandoned().get(dedupe.state_sink, set()))
         if gap:
             from onceflow.windows import format_windows
@@ -1001,7 +1094,14 @@ class Engine:
             dedupe.state_sink,
         )
         seen = group.seen_keys(self.spark, dedupe.state_sink, list(dedupe.key), only=missing)
-        writer = index.staging_writer(KEYS_OUTPUT, missing[-1], session_name(self.job.name, None))
+        writer = index.staging_writer(
+            KEYS_OUTPUT,
+            missing[-1],
+            session_name(self.job.name, epoch),
+            epoch=epoch,
+            tag="index",
+            fenced=self.exactly_once,
+        )
         try:
             rows = 0
             if seen is not None:
@@ -1015,6 +1115,7 @@ class Engine:
                 raise TransientSinkError("the dedupe key staging table lost rows; run again")
         finally:
             index.drop_staging(writer.table)
+        return state.indexing(missing)
 
     def _unskipped(self, after: int, before: int) -> list[int]:
         """Windows between `after` and `before` (exclusive) that were not skipped."""
@@ -1044,7 +1145,7 @@ class Engine:
         return frames
 
     def _planned_outputs(
-        self, window: Window, names: Sequence[str], seen_also: tuple[str, ...]
+        self, window: Window, names: Sequence[str], seen_also: Sequence[StagedKeys]
     ) -> WindowOutputs | None:
         """The window's outputs from the plan of its slot (made now if the slot has none), or
         None if the job's plan does not hold for any window, or the source cannot read this
@@ -1068,7 +1169,8 @@ class Engine:
         if read is None:
             return None
         slot = self._slot_base + window.window_id % 2
-        params = {"read": read, "window_id": window.window_id, "staged": list(seen_also)}
+        staged = [s.table for s in seen_also]
+        params = {"read": read, "window_id": window.window_id, "staged": staged}
         quarantine = job.quarantine_sink is not None
         plan = planned.get(slot)
         if plan is not None:
@@ -1105,21 +1207,29 @@ class Engine:
         window: Window,
         *,
         stage_tag: str = "",
-        seen_also: tuple[str, ...] = (),
+        seen_also: Sequence[StagedKeys] = (),
         planned: bool = False,
+        epoch: int | None = None,
     ) -> WindowOutputs:
         """The window's outputs and stats, the same rows for every sink and every retry.
 
         A deterministic job computes them again on a replay, from cached intermediates within
-        a run; any other job stages them once (Parquet under the lake) and reuses the stage.
-        `planned`: the outputs may come from a plan made for any window of the run (then
-        their Spark jobs run inside `WindowOutputs.bound`).
+        a run; any other job stages them once (Parquet under the lake) and reuses the stage
+        while what its dedupe saw (`WindowOutputs.basis`, kept in the stage's marker) is
+        still every earlier window the ledger plans and did not skip. `seen_also`: staged keys
+        of earlier windows not in the key index yet, which its lookups read too. `planned`:
+        the outputs may come from a plan made for any window of the run (then their Spark
+        jobs run inside `WindowOutputs.bound`, and their lookups with them).
         """
-        self.ensure_index(window.window_id)
+        state = self.ensure_index(window.window_id, epoch)
+        # What the lookups will see: the index as it is now, and `seen_also` once found whole.
+        basis = state.indexed if self._tracks_basis and state is not None else None
+        looked_up = tuple(seen_also) if basis is not None else ()
         names = sorted({s.output for s in self.job.sinks})
         if planned and self.job.deterministic:
             out = self._planned_outputs(window, names, seen_also)
             if out is not None:
+                out.basis, out.looked_up = basis, looked_up
                 return out
         stage = None
         if not self.job.deterministic:
@@ -1128,12 +1238,27 @@ class Engine:
             )
             staged_names = [*names, KEYS_OUTPUT] if self.index is not None else names
             stats = stage.complete()
-            if stats is not None and stage.intact(stats, staged_names):
-                return WindowOutputs(
-                    {name: stage.read(self.spark, name) for name in staged_names}, stats
-                )
             if stats is not None:
-                _log.warning("window %d: its stage lost rows; computing it again", window.window_id)
+                recorded = stats.pop(_BASIS, None)
+                was = Basis.from_json(recorded) if recorded is not None else None
+                if basis is not None and state is not None and (was is None or was != state.due):
+                    _log.warning(
+                        "window %d: its stage was deduplicated against %s, but the ledger now "
+                        "plans %s before it; computing it again",
+                        window.window_id,
+                        was if was is not None else "unrecorded windows",
+                        state.due,
+                    )
+                elif stage.intact(stats, staged_names):
+                    return WindowOutputs(
+                        {name: stage.read(self.spark, name) for name in staged_names},
+                        stats,
+                        basis=was,
+                    )
+                else:
+                    _log.warning(
+                        "window %d: its stage lost rows; computing it again", window.window_id
+                    )
                 stage.clear()
         index, dedupe = self.index, self.job.dedupe
         computed = compute(
@@ -1142,24 +1267,33 @@ class Engine:
             self.settings,
             [window],
             lookup=(
-                index.lookup(dedupe.key, window.window_id, seen_also)
+                index.lookup(dedupe.key, window.window_id, [s.table for s in seen_also])
                 if index is not None and dedupe is not None
                 else None
             ),
             window_column=False,
         )
         frames = self._frames(computed, names)
-        out = WindowOutputs(frames, None, computed, quarantine=self.job.quarantine_sink is not None)
+        out = WindowOutputs(
+            frames,
+            None,
+            computed,
+            quarantine=self.job.quarantine_sink is not None,
+            basis=basis,
+            looked_up=looked_up,
+        )
         if stage is None:
             return out
         try:
             stats = out.count()
             staged = {name: stage.write(name, frames[name]) for name in frames}
             stats["outputs"] = {name: stage.rows(name) for name in frames}
-            stage.finish(stats)
+            self._confirm(out)  # every lookup ran in the jobs above
+            marker = stats if out.basis is None else {**stats, _BASIS: out.basis.to_json()}
+            stage.finish(marker)
         finally:
             out.release()
-        return WindowOutputs(staged, stats)
+        return WindowOutputs(staged, stats, basis=out.basis)
 
 
 def _versions(outcomes: Mapping[str, SinkOutcome]) -> dict[str, int]:

@@ -18,11 +18,13 @@ POINTS = (
     "before_sinks",  # window planned and its output staged, before any sink write
     "after_delta",  # after the Delta sinks committed, before the next kind of sink
     "after_postgres",  # after the PostgreSQL sinks committed, before the next kind of sink
+    "keys_staging",  # a window's key staging table created, its keys not yet copied
     "pg_staged",  # executors filled the PostgreSQL staging tables, the apply not yet begun
     "before_pg_commit",  # PostgreSQL transaction ready, COMMIT not yet sent
     "pg_commit_sent",  # COMMIT sent to PostgreSQL, its answer not read
     "after_commits",  # every sink committed, ledger not yet told
     "restated",  # a window restated in every sink, the ledger not yet told
+    "repair_staged",  # reconcile copied a sink's repair rows into staging, not yet applied
 )
 ACTIONS = ("kill", "stop")
 

@@ -16,8 +16,12 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from onceflow.engine import Engine
 from onceflow.generate import generate_payments
-from tests.support.cli import RUN_TIMEOUT_S, CliRun, Finished, cli_env
+from onceflow.registry import get_job
+from onceflow.settings import Settings
+from onceflow.sinks.postgres.commit import _staging_name
+from tests.support.cli import RUN_TIMEOUT_S, CliRun, Finished, cli_env, jobs_env
 from tests.support.oracle import expected_outputs
 from tests.support.outputs import actual_outputs, assert_exact
 
@@ -44,6 +48,16 @@ class Site:
 
     def run(self, fault: str | None = None, max_files: int = 2) -> Finished:
         return self.start(fault, max_files).finish()
+
+    def cli(self, *args: str, fault: str | None = None, **extra: str) -> CliRun:
+        return CliRun(list(args), self.env(fault, **extra), self.home / "logs")
+
+    def prepare_tables(self) -> None:
+        """Create the job's tables and the ledger, as a run's start does (no Spark)."""
+        settings = Settings(
+            home=self.home, postgres_dsn=self.dsn, lake=self.lake, landing=self.landing
+        )
+        Engine(get_job("payments"), settings, None, self.dsn).prepare()
 
     def assert_exact(self) -> None:
         assert_exact(expected_outputs(self.landing), actual_outputs(self.dsn, self.lake))
@@ -170,6 +184,182 @@ def test_server_crash_restart_between_staging_and_apply_restages(site: Site) -> 
         run.kill_group()
     assert finished.returncode == 0, finished.stderr[-2000:]
     assert "staging again" in finished.stderr
+    site.assert_exact()
+
+
+# A job whose outputs are staged (Parquet under the lake) before they are committed.
+STAGED = jobs_env("tests.support.staged_payments:STAGED_PAYMENTS")
+
+
+def test_server_crash_restart_between_key_staging_and_the_next_lookups_is_exact(
+    site: Site,
+) -> None:
+    # Window 2 starts its commit with its keys staged; window 3 is prepared beside it and has
+    # not looked them up yet.
+    run = site.start(fault="before_sinks@2:stop", **STAGED)
+    try:
+        _wait_stopped(run, RUN_TIMEOUT_S)
+        staged = _staged_rows(site.dsn)
+        assert any(n.startswith("keys_") and rows for n, rows in staged.items()), staged
+        _crash_restart_server(site.dsn)
+        assert all(rows == 0 for rows in _staged_rows(site.dsn).values())
+        os.kill(run.pid, signal.SIGCONT)
+        # Window 3's lookups find window 2's keys neither staged nor in the index: its
+        # stage, made against window 1 only, must not be what is committed.
+        finished = run.finish()
+    finally:
+        run.kill_group()
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    site.assert_exact()
+
+
+def _sorted_outputs(site: Site) -> list[list[object]]:
+    actual = actual_outputs(site.dsn, site.lake)
+    parts: list[list[object]] = [
+        sorted(actual.delta_payments),
+        sorted(actual.pg_payments),
+        sorted(actual.balances),
+        sorted(actual.quarantine, key=repr),
+    ]
+    return parts
+
+
+def test_a_zombie_paused_while_staging_keys_writes_nothing(site: Site) -> None:
+    # One window. The zombie made its key staging table and froze before copying its keys.
+    zombie = site.start(fault="keys_staging@1:stop", max_files=10)
+    newer: CliRun | None = None
+    try:
+        _wait_stopped(zombie, RUN_TIMEOUT_S)
+        # A newer run takes over and stages the same window's keys, then pauses before
+        # committing it: what it staged is what its commit will count and index.
+        newer = site.start(fault="before_sinks@1:stop", max_files=10)
+        _wait_stopped(newer, RUN_TIMEOUT_S)
+        before = _staged_rows(site.dsn)
+        assert any(n.startswith("keys_") and rows for n, rows in before.items()), before
+        outputs = _sorted_outputs(site)
+
+        os.kill(zombie.pid, signal.SIGCONT)
+        woken = zombie.finish()
+        assert woken.returncode == 3, (woken.returncode, woken.stderr[-2000:])
+        assert "fenced" in woken.stderr
+        after = _staged_rows(site.dsn)
+        # Nothing the newer run staged was emptied, refilled or dropped, and the zombie copied
+        # nothing anywhere (its own tables, empty, may be gone).
+        assert {n: r for n, r in before.items() if r} == {n: r for n, r in after.items() if r}
+        assert all(before.get(n) == r for n, r in after.items()), (before, after)
+        assert _sorted_outputs(site) == outputs
+
+        os.kill(newer.pid, signal.SIGCONT)
+        finished = newer.finish()
+    finally:
+        zombie.kill_group()
+        if newer is not None:
+            newer.kill_group()
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    site.assert_exact()
+
+
+def _wait_for_lock_wait(dsn: str, table: str, timeout: float) -> None:
+    """Until a session of the job waits for a lock in a statement on `table`."""
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            row = conn.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE application_name LIKE 'onceflow/payments/e%%'"
+                " AND wait_event_type = 'Lock' AND query LIKE %s",
+                (f"%{table}%",),
+            ).fetchone()
+            if row is not None:
+                return
+            time.sleep(0.2)
+    pytest.fail(f"no session of the run waited on {table}")
+
+
+def test_a_copy_committed_between_the_count_and_the_apply_is_not_applied(site: Site) -> None:
+    site.prepare_tables()
+    # A writer's lock on the balances table holds the window's commit between its count of
+    # the balances' staging table and the apply that reads it.
+    hold = psycopg.connect(site.dsn)
+    hold.execute("LOCK TABLE public.merchant_balances IN SHARE MODE")
+    run = site.start()
+    try:
+        _wait_for_lock_wait(site.dsn, "merchant_balances", RUN_TIMEOUT_S)
+        with psycopg.connect(site.dsn, autocommit=True) as conn:
+            row = conn.execute("SELECT epoch FROM onceflow.jobs WHERE job = 'payments'").fetchone()
+        assert row is not None
+        staging = sql.Identifier(
+            "onceflow", _staging_name("payments", "pg_merchant_balances", 1, int(row[0]), "w")
+        )
+        # A stale task attempt's COPY of the same rows commits now, from a session of its own.
+        with psycopg.connect(site.dsn) as stale:
+            stale.execute("SET lock_timeout = '3s'")
+            try:
+                stale.execute(sql.SQL("INSERT INTO {} SELECT * FROM {}").format(staging, staging))
+                stale.commit()
+                landed = True
+            except psycopg.errors.LockNotAvailable:
+                stale.rollback()
+                landed = False  # refused: the apply holds what it counted
+        print(f"the stale copy {'landed' if landed else 'was refused'}")
+        hold.rollback()
+        finished = run.finish()
+    finally:
+        hold.close()
+        run.kill_group()
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    site.assert_exact()
+
+
+# The payments job with a keyless append sink, `pg_payment_log`.
+PAYMENT_LOG = jobs_env("tests.support.payment_log:JOB")
+
+
+def _payment_log(dsn: str) -> tuple[list[tuple[object, ...]], list[tuple[object, ...]]]:
+    """The log's rows, and the rows it should hold (each payment once)."""
+    with psycopg.connect(dsn) as conn:
+        log = conn.execute("SELECT payment_id, amount_cents, _window_id FROM payment_log")
+        want = conn.execute("SELECT payment_id, amount_cents, _window_id FROM public.payments")
+        return sorted(log.fetchall()), sorted(want.fetchall())
+
+
+def test_a_repair_copy_staged_twice_is_staged_again_not_applied_twice(site: Site) -> None:
+    done = site.start(**PAYMENT_LOG).finish()
+    assert done.returncode == 0, done.stderr[-2000:]
+    log, want = _payment_log(site.dsn)
+    assert log == want and len(want) > 100
+    with psycopg.connect(site.dsn) as conn:
+        conn.execute(
+            "DELETE FROM payment_log WHERE payment_id IN"
+            " (SELECT payment_id FROM payment_log ORDER BY payment_id LIMIT 5)"
+        )
+
+    repair = site.cli("reconcile", "payments", fault="repair_staged:stop", **PAYMENT_LOG)
+    try:
+        _wait_stopped(repair, RUN_TIMEOUT_S)
+        # The executors copied the 5 rows to insert; a retried task's COPY of the same rows
+        # commits too (a session of its own, as the task's would be).
+        with psycopg.connect(site.dsn) as conn:
+            (name,) = [
+                n
+                for (n,) in conn.execute(
+                    "SELECT relname FROM pg_class WHERE relnamespace = 'onceflow'::regnamespace"
+                    " AND relname LIKE 'reconcile%%ins%%'"
+                )
+            ]
+            staging = sql.Identifier("onceflow", name)
+            rows = conn.execute(sql.SQL("SELECT * FROM {}").format(staging)).fetchall()
+            assert len(rows) == 5
+            with conn.cursor().copy(sql.SQL("COPY {} FROM STDIN").format(staging)) as copy:
+                for row in rows:
+                    copy.write_row(row)
+        os.kill(repair.pid, signal.SIGCONT)
+        finished = repair.finish()
+    finally:
+        repair.kill_group()
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    log, want = _payment_log(site.dsn)
+    assert len(log) == len(want), f"{len(log) - len(want)} rows doubled"
+    assert log == want
     site.assert_exact()
 
 

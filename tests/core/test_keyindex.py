@@ -17,6 +17,7 @@ from onceflow._keyindex import (
     KEY_COL,
     LOOKUP_SETTINGS,
     SEEN_COL,
+    Basis,
     KeyIndex,
     key_strings,
     text_array,
@@ -372,3 +373,42 @@ def test_an_in_order_lookup_compares_floating_keys_as_spark_does(pg_dsn: str) ->
     batch = {"_file_idx": [0] * 7, "_source_line": list(range(1, 8)), "v": values}
     marked = _in_order_marks(index, ("v",), [batch])
     assert marked == [False, True, False, True, False, False, False]
+
+
+def test_the_index_state_names_every_window_a_dedupe_must_see(pg_dsn: str) -> None:
+    index = new_index(pg_dsn, "payments")
+    with psycopg.connect(pg_dsn) as conn:
+        conn.execute(
+            "INSERT INTO onceflow.windows (job, window_id, offsets, epoch, completed_at,"
+            " skipped_at, skip_reason) VALUES"
+            " ('payments', 1, '{}', 1, now(), NULL, NULL), ('payments', 2, '{}', 1, now(), NULL,"
+            " NULL), ('payments', 3, '{}', 1, NULL, now(), 'gone'), ('payments', 4, '{}', 1,"
+            " now(), NULL, NULL), ('payments', 5, '{}', 1, NULL, NULL, NULL)"
+        )
+        conn.execute(
+            "INSERT INTO onceflow.dedupe_windows (job, window_id, keys) VALUES"
+            " ('payments', 1, 1), ('payments', 2, 1), ('payments', 5, 1), ('other', 4, 1)"
+        )
+    state = index.state(6)
+    # 3 skipped; 4 completed without its keys; 5 pending, yet indexed (a ledger changed).
+    assert str(state.due) == "windows 1-2, 4-5"
+    assert str(state.indexed) == "windows 1-2, 5"
+    assert (state.missing, state.stale) == ([4], [5])
+    assert state.settled == 4  # 1-3 are final: later looks read from window 4 on
+    assert Basis.from_json(state.due.to_json()) == state.due
+    assert state.indexed | [4] == state.due == Basis(((1, 2), (4, 5)))
+    assert Basis(((1, 2),)) | [4] != state.due
+
+    index.forget(state.stale)
+    with psycopg.connect(pg_dsn) as conn:
+        conn.execute("INSERT INTO onceflow.dedupe_windows VALUES ('payments', 4, 1)")
+        conn.execute("UPDATE onceflow.windows SET completed_at = now() WHERE window_id = 5")
+        conn.execute("INSERT INTO onceflow.dedupe_windows VALUES ('payments', 5, 1)")
+        # Below the settled windows nothing is read again within a run.
+        conn.execute("DELETE FROM onceflow.dedupe_windows WHERE window_id = 1")
+    state = index.state(6)
+    assert (state.missing, state.stale, state.settled) == ([], [], 6)
+    assert state.indexed == state.due == Basis(((1, 2), (4, 5)))
+    assert index.state(3).due == Basis(((1, 2),))
+    index.reset()  # a new run looks at every window again
+    assert index.state(6).missing == [1]

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import shutil
 import signal
+import time
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from onceflow.engine import Engine
@@ -15,9 +17,10 @@ from onceflow.reconcile import format_report, reconcile
 from onceflow.registry import get_job
 from onceflow.settings import Settings
 from onceflow.status import open_items
-from tests.support.cli import CliRun, Finished, cli_env
+from tests.support.cli import RUN_TIMEOUT_S, CliRun, Finished, cli_env, jobs_env
 from tests.support.oracle import expected_outputs
 from tests.support.outputs import actual_outputs, assert_exact
+from tests.support.staged_payments import STAGED_PAYMENTS_PG_FIRST
 
 pytestmark = pytest.mark.slow
 
@@ -41,7 +44,10 @@ class Site:
                 self.files[i], self.settings.landing.path / "payments" / self.files[i].name
             )
 
-    def cli(self, *args: str, fault: str | None = None) -> Finished:
+    def cli(self, *args: str, fault: str | None = None, **extra: str) -> Finished:
+        return self.start(*args, fault=fault, **extra).finish()
+
+    def start(self, *args: str, fault: str | None = None, **extra: str) -> CliRun:
         settings = self.settings
         env = cli_env(
             home=settings.home,
@@ -49,8 +55,9 @@ class Site:
             lake=settings.lake,
             landing=settings.landing,
             fault=fault,
+            **extra,
         )
-        return CliRun(list(args), env, self.tmp / "logs").finish()
+        return CliRun(list(args), env, self.tmp / "logs")
 
     def run(self, fault: str | None = None) -> Finished:
         return self.cli("run", "payments", "--max-files-per-window", "2", fault=fault)
@@ -121,3 +128,42 @@ def test_a_window_some_sink_holds_cannot_be_skipped(
     assert "window 2 is held by lake_payments" in refused.stderr
     assert site.run().returncode == 0
     assert_exact(site.expected_without(), actual_outputs(pg_dsn, lake))
+
+
+def test_a_stage_made_against_a_window_skipped_since_is_computed_again(
+    pg_dsn: str, tmp_path: Path, lake: Path, landing: Path
+) -> None:
+    """A staged window whose dedupe saw an earlier window's keys is not reused once that
+    window is skipped: its records that repeat the skipped window's are first occurrences now."""
+    site = Site(pg_dsn, tmp_path, lake, landing)
+    site.land(0, 1, 2, 3)
+    jobs = jobs_env("tests.support.staged_payments:STAGED_PAYMENTS_PG_FIRST")
+    Engine(STAGED_PAYMENTS_PG_FIRST, site.settings, None, pg_dsn).prepare()
+    # A writer's lock holds window 1's PostgreSQL commit (its first) from outside, so no sink
+    # holds window 1 while window 2 is computed beside it, deduplicated against window 1's
+    # staged keys, and staged.
+    hold = psycopg.connect(pg_dsn)
+    hold.execute("LOCK TABLE public.payments IN SHARE MODE")
+    run = site.start("run", "payments", "--max-files-per-window", "2", **jobs)
+    try:
+        stages = lake / "_onceflow" / "staging" / "payments"
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while not list(stages.glob("w0000000002-*/_COMPLETE.json")):
+            assert run.proc.poll() is None, run.stderr()[-2000:]
+            assert time.monotonic() < deadline, "window 2 was never staged"
+            time.sleep(0.5)
+        run.kill_group()
+        run.finish()
+    finally:
+        run.kill_group()
+        hold.rollback()
+        hold.close()
+    # Window 1's input is lost upstream; the operator gives it up.
+    for i in (0, 1):
+        (landing / "payments" / site.files[i].name).unlink()
+    skipped = site.cli("windows", "skip", "payments", "1", "--reason", "lost upstream", **jobs)
+    assert skipped.returncode == 0, skipped.stderr[-2000:]
+
+    after = site.cli("run", "payments", "--max-files-per-window", "2", **jobs)
+    assert after.returncode == 0, after.stderr[-2000:]
+    assert_exact(site.expected_without(0, 1), actual_outputs(pg_dsn, lake))

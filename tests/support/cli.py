@@ -14,6 +14,7 @@ import pytest
 
 ONCEFLOW = str(Path(sys.executable).with_name("onceflow"))
 RUN_TIMEOUT_S = 300
+REPO = Path(__file__).resolve().parents[2]
 
 
 def cli_env(
@@ -33,6 +34,13 @@ def cli_env(
         env["ONCEFLOW_FAULT"] = fault
     env.update(extra)
     return env
+
+
+def jobs_env(entry: str) -> dict[str, str]:
+    """The environment that has an `onceflow` process load its jobs from `entry` (an import
+    path under `tests.support`, as in ONCEFLOW_JOBS), the repository on its path."""
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    return {"ONCEFLOW_JOBS": entry, "PYTHONPATH": path}
 
 
 @dataclass

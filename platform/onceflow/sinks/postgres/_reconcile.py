@@ -7,12 +7,16 @@ through the driver and a temporary copy; here each block is read once, by one ex
 reaches the driver, and the exported snapshot gives all executors the same consistent view.
 In a repair, the driver's transaction first fences (epoch) and locks the table against writers
 (readers still pass), so the table cannot change between the snapshot the diff saw and the
-DELETE/INSERT that repairs it; both happen in that one transaction.
+DELETE/INSERT that repairs it; both happen in that one transaction. The rows to delete and to
+insert reach it through staging tables that the executors COPY into; each is locked and counted
+against what the executors reported before it is applied (a retried task's COPY that committed
+twice is staged again, never applied).
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import uuid
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -20,11 +24,12 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg import sql
 
+from onceflow import faults
 from onceflow._diff import Diff, multiset_diff
 from onceflow._identifiers import session_name
 from onceflow.errors import CommitUnknownError, SinkError, TransientSinkError
 from onceflow.postgres import connect, is_lost_connection, retrying
-from onceflow.sinks.postgres.commit import copy_frame
+from onceflow.sinks.postgres.commit import copy_frame, lock_and_count
 from onceflow.sinks.postgres.spec import PostgresSink, arrow_type, spark_schema
 from onceflow.storage import Location
 
@@ -35,8 +40,12 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
+_log = logging.getLogger(__name__)
+
 # Rows an executor fetches from its server-side cursor at a time.
 _FETCH_ROWS = 10_000
+# Times a repair's rows are staged before the repair is refused.
+REPAIR_STAGE_ATTEMPTS = 3
 # The highest block number a tid can name: the last range is open-ended.
 _MAX_BLOCK = 4_294_967_295
 
@@ -222,7 +231,7 @@ def _reconcile_once(
         application_name=session_name(job, epoch) if repair else "onceflow",
         settings={"idle_in_transaction_session_timeout": "0"},
     )
-    staged = _staging_names(job, spec, epoch) if repair else []
+    staged: list[str] = []  # every staging table the repair made, dropped at the end
     try:
         if repair:
             assert epoch is not None
@@ -281,30 +290,26 @@ def _apply(
 ) -> None:
     """Inside `conn`'s transaction: delete the differing rows, insert the expected ones.
 
-    The staging tables `names` are dropped by the caller once the transaction has ended
-    (dropping them earlier would wait on this transaction's locks).
+    The rows go through staging tables (recorded in `names`; the caller drops them once the
+    transaction has ended: dropping them earlier would wait on this transaction's locks).
+
+    Raises:
+        TransientSinkError: The staging tables never held what the executors reported.
     """
     target = sql.Identifier(spec.schema, spec.table)
-    app = session_name(job, epoch)
-    del_name, ins_name = names
     match = diff.match
     columns = [*diff.match, *diff.values]
-    staged = [(del_name, match), (ins_name, columns)]
-    with connect(dsn, autocommit=True, application_name=app) as ddl:
-        for name, cols in staged:
-            table = sql.Identifier("onceflow", name)
-            ddl.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(table))
-            ddl.execute(
-                sql.SQL("CREATE UNLOGGED TABLE {} ({})").format(
-                    table,
-                    sql.SQL(", ").join(
-                        sql.SQL("{} {}").format(sql.Identifier(c), sql.SQL(spec.columns[c]))
-                        for c in cols
-                    ),
-                )
-            )
-    for (name, cols), rows in zip(staged, (diff.deletes(), diff.inserts()), strict=True):
-        copy_frame(dsn, app, name, cols, rows)
+    for attempt in range(REPAIR_STAGE_ATTEMPTS):
+        del_name, ins_name = _staging_names(job, spec, epoch, attempt)
+        names += [del_name, ins_name]
+        if _stage(dsn, conn, job, spec, epoch, [(del_name, match), (ins_name, columns)], diff):
+            break
+    else:
+        raise TransientSinkError(
+            f"sink {spec.name}: the repair's staging tables never held exactly the rows the "
+            f"executors copied ({REPAIR_STAGE_ATTEMPTS} attempts); nothing was changed. Run "
+            f"`onceflow reconcile {job}` again."
+        )
     # Keys are NOT NULL, so `=` (which can use the key's index); whole rows may hold nulls.
     equal = "t.{} = s.{}" if keyed else "t.{} IS NOT DISTINCT FROM s.{}"
     condition = sql.SQL(" AND ").join(
@@ -323,9 +328,61 @@ def _apply(
     )
 
 
-def _staging_names(job: str, spec: PostgresSink, epoch: int | None) -> list[str]:
+def _stage(
+    dsn: str,
+    conn: psycopg.Connection,
+    job: str,
+    spec: PostgresSink,
+    epoch: int,
+    tables: list[tuple[str, list[str]]],
+    diff: Diff,
+) -> bool:
+    """Create the (delete, insert) staging tables, have the executors COPY the diff's rows
+    into them, then lock and count them in `conn`'s transaction: True when each holds exactly
+    what the executors reported (and will until the transaction ends)."""
+    app = session_name(job, epoch)
+    with connect(dsn, autocommit=True, application_name=app) as ddl:
+        for name, cols in tables:
+            table = sql.Identifier("onceflow", name)
+            ddl.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(table))
+            ddl.execute(
+                sql.SQL("CREATE UNLOGGED TABLE {} ({})").format(
+                    table,
+                    sql.SQL(", ").join(
+                        sql.SQL("{} {}").format(sql.Identifier(c), sql.SQL(spec.columns[c]))
+                        for c in cols
+                    ),
+                )
+            )
+    copied = [
+        copy_frame(dsn, app, name, cols, rows, fence=(job, epoch))
+        for (name, cols), rows in zip(tables, (diff.deletes(), diff.inserts()), strict=True)
+    ]
+    faults.point("repair_staged")
+    held: list[int | None] = []
+    for name, _ in tables:
+        conn.execute("SAVEPOINT onceflow_repair_staged")
+        try:
+            held.append(lock_and_count(conn, sql.Identifier("onceflow", name)))
+        except psycopg.errors.LockNotAvailable:  # a copy still under way into it
+            conn.execute("ROLLBACK TO SAVEPOINT onceflow_repair_staged")
+            held.append(None)
+    if held == copied:
+        return True
+    # A task retried after its COPY had committed (or a COPY whose answer was lost and was
+    # sent again) staged rows no executor reported: stage the repair again, in new tables.
+    _log.warning(
+        "sink %s: the repair's staging tables hold %s rows, the executors copied %s; staging again",
+        spec.name,
+        held,
+        copied,
+    )
+    return False
+
+
+def _staging_names(job: str, spec: PostgresSink, epoch: int | None, attempt: int) -> list[str]:
     digest = hashlib.sha1(f"{job}/{spec.name}/{epoch}".encode()).hexdigest()[:16]
-    return [f"reconcile_{digest}_del", f"reconcile_{digest}_ins"]
+    return [f"reconcile_{digest}_del{attempt}", f"reconcile_{digest}_ins{attempt}"]
 
 
 def _drop(dsn: str, names: list[str]) -> None:

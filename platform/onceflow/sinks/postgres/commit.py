@@ -1,13 +1,15 @@
 """The PostgreSQL commit protocol: one transaction per window for all of a job's PostgreSQL sinks.
 
 1. Executors COPY each sink's rows into an UNLOGGED staging table (one per window, sink and
-   epoch) and report how many rows they wrote, so no window is collected onto the driver.
+   epoch; a COPY commits only while the epoch is current) and report how many rows they wrote,
+   so no window is collected onto the driver.
 2. One transaction on the driver: lock the job row if this run's epoch is still current (the
-   fence); for each sink, skip it if its marker for the window exists, check that its staging
-   table still holds every staged row (a server crash-restart empties UNLOGGED tables: then
-   stage again), move the rows into the table (append, upsert or accumulate; an accumulating
-   sink also records the window's contribution, so a restatement can take it back), and insert
-   the marker `onceflow.sink_commits`; then COMMIT, with `synchronous_commit = on`.
+   fence); for each sink, skip it if its marker for the window exists, lock its staging table
+   against writers and check that it holds exactly the staged rows (a server crash-restart
+   empties UNLOGGED tables, a stale task attempt adds to them: then stage again), move the
+   rows into the table (append, upsert or accumulate; an accumulating sink also records the
+   window's contribution, so a restatement can take it back), and insert the marker
+   `onceflow.sink_commits`; then COMMIT, with `synchronous_commit = on`.
 3. If COMMIT gets no answer, reconnect and decide by the markers: they are the authority. The
    saved `pg_current_xact_id()` is only used to wait while the transaction is `in progress`;
    after a server crash an xid may be reused, so it never decides "committed" on its own.
@@ -72,6 +74,8 @@ SPOOL_IN_MEMORY_BYTES = 64 << 20
 # The time zone whose timestamps Arrow's CSV writer prints with a "Z" (Spark's session zone
 # unless a user changes it; "Etc/UTC" it prints with "+0000").
 _UTC = "UTC"
+# How long a count check waits for a COPY still under way into the table it counts.
+STAGING_LOCK_WAIT_S = 5
 
 PROTOCOL_DDL = """
 CREATE SCHEMA IF NOT EXISTS onceflow;
@@ -230,6 +234,10 @@ class CopyWriter(PartitionWriter):
     otherwise sends the spooled rows again, with backoff, for up to `retry_s` seconds (read on
     the driver from ONCEFLOW_PG_RETRY_S). The driver's count check on the staging table stays
     the authority.
+
+    With `fence` (job, epoch), each COPY commits only while that epoch is the job's current
+    one (read in the COPY's own transaction, in the round trip that asks its id): a run that
+    was taken over (a zombie woken late, a stale task attempt) copies nothing.
     """
 
     window_fields = ("key", "table")
@@ -243,6 +251,7 @@ class CopyWriter(PartitionWriter):
         table: str,
         columns: Sequence[str],
         retry_s: float | None = None,
+        fence: tuple[str, int] | None = None,
     ) -> None:
         self.key = key
         self.output = output
@@ -251,6 +260,7 @@ class CopyWriter(PartitionWriter):
         self.table = table
         self.column_names = list(columns)
         self.retry_s = retry_deadline_s() if retry_s is None else retry_s
+        self.fence = fence
 
     def columns(self, available: Sequence[str]) -> Sequence[str]:
         return self.column_names
@@ -309,8 +319,21 @@ class _CopyHandle(PartitionHandle):
                 with conn.cursor() as cur, cur.copy(statement) as copy:
                     while chunk := self.spool.read(1 << 20):
                         copy.write(chunk)
-                row = conn.execute("SELECT pg_current_xact_id()::text").fetchone()
+                if w.fence is None:
+                    row = conn.execute("SELECT pg_current_xact_id()::text").fetchone()
+                else:
+                    row = conn.execute(
+                        "SELECT pg_current_xact_id()::text,"
+                        " (SELECT epoch FROM onceflow.jobs WHERE job = %s)",
+                        (w.fence[0],),
+                    ).fetchone()
                 assert row is not None
+                if w.fence is not None and row[1] != w.fence[1]:
+                    conn.rollback()
+                    raise FencedError(
+                        f"job {w.fence[0]!r}: this run (epoch {w.fence[1]}) was fenced by a newer "
+                        f"run (epoch {row[1]}); its copy into {w.table} was not committed."
+                    )
                 sent.append(str(row[0]))  # from here on the COMMIT may apply unanswered
                 conn.commit()
 
@@ -373,10 +396,45 @@ def copy_frame(
     columns: list[str],
     df: DataFrame,
     retry_s: float | None = None,
+    fence: tuple[str, int] | None = None,
 ) -> int:
-    """COPY `df`'s `columns` into `onceflow.<table>` on the executors; return the rows copied."""
-    writer = CopyWriter(table, "df", dsn, app_name, table, columns, retry_s)
+    """COPY `df`'s `columns` into `onceflow.<table>` on the executors; return the rows copied
+    (as the executors report them: check the table's count against it, `lock_and_count`)."""
+    writer = CopyWriter(table, "df", dsn, app_name, table, columns, retry_s, fence)
     return rows_written(run_writers({"df": df}, [writer])[writer.key])
+
+
+def lock_and_count(
+    conn: psycopg.Connection, table: sql.Composable, wait_s: float = STAGING_LOCK_WAIT_S
+) -> int:
+    """Inside `conn`'s transaction, lock `table` against writers and count its rows.
+
+    Under READ COMMITTED each statement sees what committed before it began: a COPY committing
+    between a count and the statement that applies the rows (a stale task attempt, a COPY whose
+    COMMIT outlived ONCEFLOW_PG_RETRY_S and was sent again) would be applied uncounted. SHARE
+    mode waits for a COPY under way (at most `wait_s`: then LockNotAvailable) and holds off
+    every later one until the transaction ends, so the rows counted are the rows applied."""
+    conn.execute(
+        sql.SQL(
+            "SET LOCAL lock_timeout = {}; LOCK TABLE {} IN SHARE MODE;"
+            " SET LOCAL lock_timeout TO DEFAULT"
+        ).format(sql.Literal(f"{int(wait_s * 1000)}ms"), table)
+    )
+    row = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(table)).fetchone()
+    return int(row[0]) if row else 0
+
+
+def check_epoch_in(conn: psycopg.Connection, job: str, epoch: int) -> None:
+    """Inside `conn`'s transaction: FencedError unless `epoch` is the job's current epoch.
+
+    A read, not the commit's row lock (`Ledger.fence`): staging beside a commit under way must
+    not wait for it."""
+    row = conn.execute("SELECT epoch FROM onceflow.jobs WHERE job = %s", (job,)).fetchone()
+    if row is None or int(row[0]) != epoch:
+        raise FencedError(
+            f"job {job!r}: this run (epoch {epoch}) was fenced by a newer run"
+            f"{f' (epoch {row[0]})' if row else ''}; it stopped without writing."
+        )
 
 
 def _staging_name(job: str, sink: str, window_id: int, epoch: int, tag: str) -> str:
@@ -395,15 +453,25 @@ class Transaction:
     # -- staging ------------------------------------------------------------------------------
 
     def begin_stage(
-        self, specs: Sequence[PostgresSink], window_id: int, epoch: int, tag: str
+        self,
+        specs: Sequence[PostgresSink],
+        window_id: int,
+        epoch: int,
+        tag: str,
+        *,
+        fenced: bool = True,
     ) -> list[CopyWriter]:
         """Create the sinks' staging tables (one round trip); return the writers the executors
-        COPY each sink's rows with (`key` = the sink's name)."""
+        COPY each sink's rows with (`key` = the sink's name). The tables are the epoch's own;
+        `fenced`: the COPYs commit only while the epoch is current."""
         names = {s.name: _staging_name(self.job, s.name, window_id, epoch, tag) for s in specs}
         app = session_name(self.job, epoch)
         self._create_staging(specs, names, app, window_id)
+        fence = (self.job, epoch) if fenced else None
         return [
-            CopyWriter(s.name, s.output, self._dsn, app, names[s.name], list(s.columns))
+            CopyWriter(
+                s.name, s.output, self._dsn, app, names[s.name], list(s.columns), fence=fence
+            )
             for s in specs
         ]
 
@@ -446,10 +514,17 @@ class Transaction:
             raise TransientSinkError(f"staging table: {type(exc).__name__}") from None
 
     def stage(
-        self, spec: PostgresSink, df: DataFrame, window_id: int, epoch: int, tag: str
+        self,
+        spec: PostgresSink,
+        df: DataFrame,
+        window_id: int,
+        epoch: int,
+        tag: str,
+        *,
+        fenced: bool = True,
     ) -> Staged:
         """Create the sink's staging table and have the executors COPY `df` into it."""
-        (writer,) = self.begin_stage([spec], window_id, epoch, tag)
+        (writer,) = self.begin_stage([spec], window_id, epoch, tag, fenced=fenced)
         try:
             rows = rows_written(run_writers({spec.output: df}, [writer])[writer.key])
         except Exception as exc:
@@ -626,13 +701,15 @@ class Transaction:
         return f"{head} Check the tables {names} for constraints or changes made outside onceflow."
 
     def _check_staged(self, conn: psycopg.Connection, item: Staged) -> None:
-        row = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(item.ident)).fetchone()
-        held = int(row[0]) if row else 0
+        """The staging table holds exactly the rows the executors reported, and keeps them
+        until the transaction ends (`lock_and_count`)."""
+        held = lock_and_count(conn, item.ident)
         if held != item.rows:
-            # An UNLOGGED table is emptied by a server crash-restart; never apply what is left.
+            # An UNLOGGED table is emptied by a server crash-restart; a COPY of a stale task
+            # attempt adds rows no executor reported. Never apply either.
             raise TransientSinkError(
                 f"staging table of {item.spec.name} holds {held} of {item.rows} rows "
-                "(the server restarted?); staging again"
+                "(the server restarted, or a stale copy landed); staging again"
             )
 
     def _resolve(self, marker: Marker, xid: str, epoch: int) -> bool:

@@ -14,6 +14,7 @@ from psycopg.rows import tuple_row
 
 from onceflow import faults
 from onceflow.errors import SinkError, TransientSinkError
+from onceflow.job import Guarantee
 from onceflow.postgres import connect, database_uri, retrying
 from onceflow.sink_state import SinkState
 from onceflow.sinks.base import (
@@ -69,6 +70,10 @@ class PostgresGroup(SinkGroup):
         self.job = ctx.job.name
         self._tx = Transaction(self.job, ctx.dsn, ctx.ledger)
         self.state = SinkState(ctx.ledger)
+
+    @property
+    def _exactly_once(self) -> bool:
+        return self.ctx.job.guarantee is Guarantee.EXACTLY_ONCE
 
     # Reads and the idempotent DDL are done again after a lost connection; the commit itself
     # is decided by its markers (`Transaction`).
@@ -258,7 +263,9 @@ class PostgresGroup(SinkGroup):
         if not todo:
             return WindowWrite([])
         try:
-            writers = self._tx.begin_stage(todo, window.window_id, epoch, "w")
+            writers = self._tx.begin_stage(
+                todo, window.window_id, epoch, "w", fenced=self._exactly_once
+            )
         except TransientSinkError as exc:
             # No staging now: `finish` stages each sink on its own, as a retry does.
             _log.warning("window %d: staging not prepared (%s)", window.window_id, exc)
@@ -327,10 +334,13 @@ class PostgresGroup(SinkGroup):
             try:
                 tag = f"r{seq}" if seq is not None else "w"
                 if not current:
+                    fenced = exactly_once or seq is not None
                     for spec in todo:
-                        current.append(
-                            self._tx.stage(spec, outputs[spec.output], window.window_id, epoch, tag)
+                        df = outputs[spec.output]
+                        staged_copy = self._tx.stage(
+                            spec, df, window.window_id, epoch, tag, fenced=fenced
                         )
+                        current.append(staged_copy)
                 faults.point("pg_staged", window.window_id)
                 applied, xid = self._tx.run(
                     current,
