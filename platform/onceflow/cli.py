@@ -155,6 +155,8 @@ def cmd_restate(args: argparse.Namespace) -> int:
     from onceflow.restate import restate_windows
     from onceflow.windows import parse_windows
 
+    if args.cancel is not None:
+        return _cancel_restatement(args)
     ids = parse_windows(args.windows)
     engine = _engine(args.job)
     results = restate_windows(engine, ids, request_id=args.request_id)
@@ -164,6 +166,25 @@ def cmd_restate(args: argparse.Namespace) -> int:
             continue
         sinks = ", ".join(f"{n}={s.rows}" for n, s in result.sinks.items())
         print(f"window {result.window_id}: restated in every sink ({sinks})")
+    return 0
+
+
+def _cancel_restatement(args: argparse.Namespace) -> int:
+    from onceflow.restate import cancel_restatements
+
+    engine = _engine(args.job, spark=False)
+    done = cancel_restatements(engine, args.cancel, reason=args.reason or "")
+    for item in done.cancelled:
+        print(
+            f"window {item.window_id}: restatement cancelled (seq {item.seq}, request "
+            f"{done.request}): {item.cancelled}"
+        )
+    for item in done.finished:
+        print(f"window {item.window_id}: already restated in every sink; it stays so")
+    print(
+        f"The cancelled windows keep the rows they have; `onceflow run {args.job}` goes on "
+        "without them, and `onceflow status` lists them."
+    )
     return 0
 
 
@@ -335,12 +356,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     res = sub.add_parser("restate", help="replace chosen windows' effect in every sink")
     res.add_argument("job")
-    res.add_argument("--windows", required=True, help="window ids, e.g. 3-7 or 3,5,9-10")
+    what = res.add_mutually_exclusive_group(required=True)
+    what.add_argument("--windows", help="window ids, e.g. 3-7 or 3,5,9-10")
+    what.add_argument(
+        "--cancel",
+        metavar="REQUEST",
+        default=None,
+        help="give up the unfinished restatements of REQUEST (as `onceflow status` lists it)",
+    )
     res.add_argument(
         "--request-id",
         default=None,
         help="name the request so that running it again restates each window once",
     )
+    res.add_argument("--reason", default=None, help="with --cancel: why; shown in status")
     res.set_defaults(func=cmd_restate)
 
     win = sub.add_parser("windows", help="operator actions on a job's windows")

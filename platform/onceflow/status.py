@@ -75,17 +75,25 @@ class OpenItems:
     Attributes:
         restatements: Restatements written ahead and not applied yet: (seq, window, request).
         skipped: Windows an operator skipped: (window id, reason).
+        cancelled: Restatements an operator cancelled: (seq, window, request, reason).
     """
 
     restatements: tuple[tuple[int, int, str], ...]
     skipped: tuple[tuple[int, str], ...]
+    cancelled: tuple[tuple[int, int, str, str], ...] = ()
 
 
 def open_items(engine: Engine) -> OpenItems:
-    """Unfinished restatements and skipped windows (shown until they are gone; skips stay)."""
+    """Unfinished restatements, skipped windows and cancelled restatements (shown until they
+    are gone; skips and cancels stay: they are the operator's record)."""
     engine.prepare()
     return OpenItems(
-        tuple(engine.ledger.pending_restatements()), tuple(engine.ledger.skipped_windows())
+        tuple(engine.ledger.pending_restatements()),
+        tuple(engine.ledger.skipped_windows()),
+        tuple(
+            (r.seq, r.window_id, r.request_id, r.cancelled or "")
+            for r in engine.ledger.cancelled_restatements()
+        ),
     )
 
 
@@ -97,6 +105,7 @@ def job_status(engine: Engine, lineage_windows: int = RECENT_WINDOWS) -> dict[st
     """The job's state, as plain data (JSON-serialisable): epoch, sinks' commit state, lag,
     recent windows, and the newest `lineage_windows` rows of `onceflow.lineage`."""
     from onceflow.lineage import lineage
+    from onceflow.restate import cancel_command, request_of
 
     engine.prepare()
     ledger = engine.ledger
@@ -125,8 +134,24 @@ def job_status(engine: Engine, lineage_windows: int = RECENT_WINDOWS) -> dict[st
             if w.skipped is not None
         ],
         "restatements_pending": [
-            {"seq": seq, "window_id": wid, "request_id": req}
+            {
+                "seq": seq,
+                "window_id": wid,
+                "request_id": req,
+                "request": request_of(req),
+                "cancel": cancel_command(engine.job.name, req),
+            }
             for seq, wid, req in ledger.pending_restatements()
+        ],
+        "restatements_cancelled": [
+            {
+                "seq": r.seq,
+                "window_id": r.window_id,
+                "request_id": r.request_id,
+                "request": request_of(r.request_id),
+                "reason": r.cancelled,
+            }
+            for r in ledger.cancelled_restatements()[-RECENT_WINDOWS:]
         ],
         "sinks": sinks,
         "recent": [
@@ -164,9 +189,19 @@ def format_status(status: dict[str, Any]) -> str:
     ]
     if status["restatements_pending"]:
         pending = ", ".join(
-            f"window {r['window_id']} (seq {r['seq']})" for r in status["restatements_pending"]
+            f"window {r['window_id']} (seq {r['seq']}, request {r['request']})"
+            for r in status["restatements_pending"]
         )
-        lines.append(f"restatements not finished: {pending} (the next run finishes them)")
+        cancels = sorted({r["cancel"] for r in status["restatements_pending"]})
+        lines.append(
+            f"restatements not finished: {pending} (the next run finishes them; "
+            f"`{'`, `'.join(cancels)}` gives them up)"
+        )
+    for r in status.get("restatements_cancelled", []):
+        lines.append(
+            f"restatement of window {r['window_id']} cancelled (seq {r['seq']}, request "
+            f"{r['request']}): {r['reason']}"
+        )
     for skip in status["skipped"]:
         lines.append(f"window {skip['window_id']} skipped: {skip['reason']}")
     lines.append("sinks:")

@@ -274,6 +274,12 @@ class SinkGroup(ABC):
         """Raise SinkError if `window` cannot be restated here (checked before any change)."""
 
     @abstractmethod
+    def restatement_applied(self, seq: int) -> set[str]:
+        """The group's sinks that applied restatement `seq` (planned restatements are applied
+        in sequence order, so an unfinished one is applied where this says so and nowhere
+        else)."""
+
+    @abstractmethod
     def restate(
         self,
         window: Window,

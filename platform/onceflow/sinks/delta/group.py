@@ -199,6 +199,14 @@ class DeltaGroup(SinkGroup):
                 "rows cannot be found to restate them; add it in the transform."
             )
 
+    def restatement_applied(self, seq: int) -> set[str]:
+        # The table records the highest restatement it applied, in one commit with its rows.
+        table = self._recorded_table()
+        if table is None:
+            return set()
+        applied = table.transaction_version(self.table.restate_app) or 0  # type: ignore[attr-defined]
+        return {self.spec.name} if applied >= seq else set()
+
     def restate(
         self,
         window: Window,

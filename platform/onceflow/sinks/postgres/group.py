@@ -366,6 +366,18 @@ class PostgresGroup(SinkGroup):
                     "found to restate them; declare one in the sink."
                 )
 
+    def restatement_applied(self, seq: int) -> set[str]:
+        # The sinks' transaction wrote a marker per sink with the rows: all or none.
+        rows = self._read(
+            f"read restatement {seq}'s markers",
+            lambda conn: conn.execute(
+                "SELECT sink FROM onceflow.restate_commits"
+                " WHERE job = %s AND seq = %s AND sink = ANY(%s)",
+                (self.job, seq, list(self.by_name)),
+            ).fetchall(),
+        )
+        return {str(r[0]) for r in rows}
+
     def restate(
         self,
         window: Window,
