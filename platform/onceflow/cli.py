@@ -147,7 +147,10 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
             mode="incremental" if args.incremental else "full",
             on_step=on_step,
         )
-    print(format_report(report))
+    if args.json:
+        print(json.dumps(report.as_json(), indent=2, default=str))
+    else:
+        print(format_report(report))
     return 0
 
 
@@ -352,6 +355,9 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument("job")
     rec.add_argument("--dry-run", action="store_true")
     rec.add_argument("--incremental", action="store_true")
+    rec.add_argument(
+        "--json", action="store_true", help="the report as JSON (counts and differing keys)"
+    )
     rec.set_defaults(func=cmd_reconcile)
 
     res = sub.add_parser("restate", help="replace chosen windows' effect in every sink")

@@ -23,7 +23,7 @@ from onceflow.storage import Location
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from onceflow._diff import Diff
+    from onceflow._diff import Diff, DiffSample
     from onceflow.job import Job
     from onceflow.ledger import Ledger, Window
     from onceflow.quality import Target
@@ -118,6 +118,7 @@ class SinkReconcile:
     skipped: str | None  # why the sink was not compared
     committed: frozenset[int]  # windows the sink holds
     compared: frozenset[int]  # windows whose rows were compared one by one
+    samples: tuple[DiffSample, ...] = ()  # the first differences, by key only
 
 
 @dataclass(frozen=True)

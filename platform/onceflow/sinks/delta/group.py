@@ -320,7 +320,13 @@ class DeltaGroup(SinkGroup):
         if epoch is not None and window_col is not None and not scope.unverifiable:
             # Its rows now are what every restatement made them: record them as applied.
             self.table.record_restated(self.state.restated_through(), epoch)
-        return SinkReconcile(diff, None, committed, compare if window_col else frozenset())
+        return SinkReconcile(
+            diff,
+            None,
+            committed,
+            compare if window_col else frozenset(),
+            tuple(diff.samples(window_col, keyed=False)),
+        )
 
     def check_retention(self, oldest_window: datetime | None) -> None:
         """Refuse when the table may forget its window records before the oldest window.
