@@ -788,7 +788,8 @@ class Engine:
     def skip(self, window_ids: Sequence[int], reason: str, run_id: str | None = None) -> list[int]:
         """Give up pending windows whose input is gone or changed, recording why.
 
-        Takes a new epoch first, so a run working on the windows is fenced. A window some sink
+        Checks first (a refusal records nothing, not even an epoch), then takes a new epoch, so
+        a run working on the windows is fenced, and checks again under it. A window some sink
         already holds cannot be skipped: the sinks would disagree for good; its staged output or
         its input is needed to finish it.
 

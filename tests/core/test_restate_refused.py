@@ -100,9 +100,9 @@ def test_a_refused_restatement_records_nothing_and_the_job_goes_on(
     # The sink has no window_column: the restatement is refused, and nothing is recorded.
     refused = user.cli("restate", "orders", "--windows", "2")
     assert refused.returncode == 1, refused.stderr[-3000:]
+    assert user.rows("SELECT * FROM onceflow.restatements") == []
     assert "pg_orders: has no window_column" in refused.stderr
     assert "Nothing was recorded" in refused.stderr
-    assert user.rows("SELECT * FROM onceflow.restatements") == []
     after = user.status()
     assert after["restatements_pending"] == []
     assert after["epoch"] == before["epoch"]  # no running job was fenced either

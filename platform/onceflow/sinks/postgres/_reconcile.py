@@ -379,8 +379,9 @@ def _offending_keys(
             " JOIN pg_class c ON c.oid = i.indexrelid"
             " CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, n)"
             " JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum"
-            " WHERE i.indrelid = to_regclass(%s) AND c.relname = %s",
-            (f"{spec.schema}.{spec.table}", exc.diag.constraint_name),
+            " WHERE i.indrelid = to_regclass(format('%%I.%%I', %s::text, %s::text))"
+            " AND c.relname = %s",
+            (spec.schema, spec.table, exc.diag.constraint_name),
         ).fetchone()
         columns = [str(c) for c in (row[0] if row and row[0] else [])]
         if not columns:
