@@ -362,6 +362,12 @@ def _reconcile(
         metadata[f"{diff.sink}.extra"] = MetadataValue.int(diff.extra)
         metadata[f"{diff.sink}.changed"] = MetadataValue.int(diff.changed)
         metadata[f"{diff.sink}.repaired"] = MetadataValue.bool(diff.repaired)
+        if diff.samples:  # keys only (a keyless sink: windows), never other columns' values
+            metadata[f"{diff.sink}.first_differences"] = MetadataValue.md(
+                "\n".join(
+                    f"- {kind}: {'; '.join(items)}" for kind, items in diff.explained().items()
+                )
+            )
     return metadata
 
 

@@ -14,7 +14,7 @@ from onceflow.engine import Engine, WindowResult, build_engine
 from onceflow.errors import OnceflowError
 from onceflow.job import Job
 from onceflow.postgres import redact
-from onceflow.restate import restate_windows
+from onceflow.restate import cancel_command, request_of, restate_windows
 from onceflow.status import open_items
 from onceflow.windows import format_windows, parse_windows
 from resources import OnceflowSettingsResource, PostgresResource, SparkResource
@@ -210,12 +210,23 @@ def open_items_metadata(engine: Engine) -> dict[str, Any]:
     abandoned: dict[str, dict[str, str]] = {}
     for wid, sink, reason in items.abandoned[-50:]:
         abandoned.setdefault(sink, {})[str(wid)] = reason
+    job = engine.job.name
     return {
         "windows_abandoned": MetadataValue.int(len({wid for wid, _, _ in items.abandoned})),
         "abandoned": MetadataValue.json(abandoned),
         "restatements_pending": MetadataValue.int(len(items.restatements)),
         "restatements_pending_windows": MetadataValue.text(
             format_windows(sorted({wid for _, wid, _ in items.restatements})) or "none"
+        ),
+        "restatements_pending_cancel": MetadataValue.text(
+            "\n".join(sorted({cancel_command(job, req) for _, _, req in items.restatements}))
+            or "none"
+        ),
+        "restatements_cancelled": MetadataValue.json(
+            {
+                str(seq): {"window": wid, "request": request_of(req), "reason": reason}
+                for seq, wid, req, reason in items.cancelled[-50:]
+            }
         ),
         "windows_skipped": MetadataValue.int(len(items.skipped)),
         "skipped": MetadataValue.json({str(wid): reason for wid, reason in items.skipped[-50:]}),

@@ -162,7 +162,10 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
             mode="incremental" if args.incremental else "full",
             on_step=on_step,
         )
-    print(format_report(report))
+    if args.json:
+        print(json.dumps(report.as_json(), indent=2, default=str))
+    else:
+        print(format_report(report))
     return 0
 
 
@@ -171,6 +174,8 @@ def cmd_restate(args: argparse.Namespace) -> int:
     from onceflow.restate import restate_windows
     from onceflow.windows import parse_windows
 
+    if args.cancel is not None:
+        return _cancel_restatement(args)
     if args.windows is None and not args.source_replaced:
         raise ConfigurationError("name the windows to restate (--windows 3-7).")
     ids = parse_windows(args.windows) if args.windows is not None else []
@@ -186,6 +191,25 @@ def cmd_restate(args: argparse.Namespace) -> int:
             continue
         sinks = ", ".join(f"{n}={s.rows}" for n, s in result.sinks.items())
         print(f"window {result.window_id}: restated in every sink ({sinks})")
+    return 0
+
+
+def _cancel_restatement(args: argparse.Namespace) -> int:
+    from onceflow.restate import cancel_restatements
+
+    engine = _engine(args.job, spark=False)
+    done = cancel_restatements(engine, args.cancel, reason=args.reason or "")
+    for item in done.cancelled:
+        print(
+            f"window {item.window_id}: restatement cancelled (seq {item.seq}, request "
+            f"{done.request}): {item.cancelled}"
+        )
+    for item in done.finished:
+        print(f"window {item.window_id}: already restated in every sink; it stays so")
+    print(
+        f"The cancelled windows keep the rows they have; `onceflow run {args.job}` goes on "
+        "without them, and `onceflow status` lists them."
+    )
     return 0
 
 
@@ -373,6 +397,9 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument("job")
     rec.add_argument("--dry-run", action="store_true")
     rec.add_argument("--incremental", action="store_true")
+    rec.add_argument(
+        "--json", action="store_true", help="the report as JSON (counts and differing keys)"
+    )
     rec.set_defaults(func=cmd_reconcile)
 
     res = sub.add_parser("restate", help="replace chosen windows' effect in every sink")
@@ -386,10 +413,17 @@ def build_parser() -> argparse.ArgumentParser:
         "as it is now",
     )
     res.add_argument(
+        "--cancel",
+        metavar="REQUEST",
+        default=None,
+        help="give up the unfinished restatements of REQUEST (as `onceflow status` lists it)",
+    )
+    res.add_argument(
         "--request-id",
         default=None,
         help="name the request so that running it again restates each window once",
     )
+    res.add_argument("--reason", default=None, help="with --cancel: why; shown in status")
     res.set_defaults(func=cmd_restate)
 
     win = sub.add_parser("windows", help="operator actions on a job's windows")

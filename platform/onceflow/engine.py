@@ -914,7 +914,8 @@ class Engine:
     def skip(self, window_ids: Sequence[int], reason: str, run_id: str | None = None) -> list[int]:
         """Give up pending windows whose input is gone or changed, recording why.
 
-        Takes a new epoch first, so a run working on the windows is fenced. A window some sink
+        Checks first (a refusal records nothing, not even an epoch), then takes a new epoch, so
+        a run working on the windows is fenced, and checks again under it. A window some sink
         already holds cannot be skipped: the sinks would disagree for good; its staged output or
         its input is needed to finish it.
 
@@ -925,26 +926,42 @@ class Engine:
 
         if not reason.strip():
             raise ConfigurationError("say why the windows are skipped (--reason); it is recorded.")
-        epoch = self.start(run_id or f"skip-{uuid.uuid4().hex}")
-        windows = []
-        for wid in sorted(set(window_ids)):
-            window = self.ledger.window(wid)
-            if window is None:
-                raise ConfigurationError(f"job {self.job.name}: window {wid} was never planned.")
-            if window.completed:
-                raise ConfigurationError(
-                    f"job {self.job.name}: window {wid} is committed in every sink; only pending "
-                    "windows can be skipped (use restate to change a committed one)."
+
+        def skippable() -> list[Window]:
+            windows = []
+            for wid in sorted(set(window_ids)):
+                window = self.ledger.window(wid)
+                if window is None:
+                    raise ConfigurationError(
+                        f"job {self.job.name}: window {wid} was never planned; nothing was "
+                        "recorded."
+                    )
+                if window.completed:
+                    raise ConfigurationError(
+                        f"job {self.job.name}: window {wid} is committed in every sink; only "
+                        "pending windows can be skipped (use restate to change a committed one). "
+                        "Nothing was recorded."
+                    )
+                windows.append(window)
+            held = self.held([w.window_id for w in windows if w.skipped is None])
+            partly = {wid: sorted(names) for wid, names in held.items() if names}
+            if partly:
+                which = "; ".join(
+                    f"window {w} is held by {', '.join(n)}" for w, n in partly.items()
                 )
-            windows.append(window)
-        held = self.held([w.window_id for w in windows if w.skipped is None])
-        partly = {wid: sorted(names) for wid, names in held.items() if names}
-        if partly:
-            which = "; ".join(f"window {w} is held by {', '.join(n)}" for w, n in partly.items())
-            raise ConfigurationError(
-                f"job {self.job.name}: {which}. Skipping would leave the sinks apart for good; "
-                "restore the window's input and run the job to finish it instead."
-            )
+                raise ConfigurationError(
+                    f"job {self.job.name}: {which}. Skipping would leave the sinks apart for "
+                    "good; restore the window's input and run the job to finish it instead. "
+                    "Nothing was recorded."
+                )
+            return windows
+
+        # Checked before the epoch (which fences a running job) and again under it.
+        self.prepare()
+        self.rebuild_ledger()
+        skippable()
+        epoch = self.start(run_id or f"skip-{uuid.uuid4().hex}")
+        windows = skippable()
         for window in windows:
             if window.skipped is None:
                 self.ledger.skip_window(epoch, window.window_id, reason.strip())
@@ -972,9 +989,9 @@ class Engine:
         self, todo: Sequence[tuple[Window, int]], epoch: int, run_id: str
     ) -> list[WindowResult]:
         """Apply planned restatements: every check first, then each window in every sink."""
-        for window, _ in todo:
-            for group in self.groups:
-                group.check_restate(window)
+        from onceflow.restate import check_unfinished
+
+        check_unfinished(self, todo)
         results = []
         for window, seq in todo:
             t0 = time.monotonic()

@@ -79,9 +79,19 @@ CREATE TABLE IF NOT EXISTS onceflow.restatements (
     epoch bigint NOT NULL,
     planned_at timestamptz NOT NULL DEFAULT now(),
     completed_at timestamptz,
+    cancelled_at timestamptz,
+    cancel_reason text,
     PRIMARY KEY (job, seq),
     UNIQUE (job, request_id)
 );
+-- Ledgers made before restatements could be cancelled get the columns once.
+DO $$ BEGIN
+    IF NOT EXISTS (SELECT 1 FROM information_schema.columns WHERE table_schema = 'onceflow'
+                   AND table_name = 'restatements' AND column_name = 'cancel_reason') THEN
+        ALTER TABLE onceflow.restatements ADD COLUMN cancelled_at timestamptz,
+                                          ADD COLUMN cancel_reason text;
+    END IF;
+END $$;
 -- The version of a versioned sink's data (a Delta table version) holding each window, for the
 -- lineage view; the sink's own log stays the truth.
 CREATE TABLE IF NOT EXISTS onceflow.sink_versions (
@@ -126,6 +136,18 @@ class Window:
     completed: bool = field(default=False, compare=False)
     # The operator's reason, when the window was skipped (`onceflow windows skip`).
     skipped: str | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class Restatement:
+    """One window of a restatement request, as the ledger records it."""
+
+    seq: int
+    window_id: int
+    request_id: str  # `<request>/w<window>`
+    completed: bool
+    # The operator's reason, when it was cancelled (`onceflow restate JOB --cancel REQUEST`).
+    cancelled: str | None = None
 
 
 class Ledger:
@@ -698,7 +720,7 @@ class Ledger:
             "read the pending restatements",
             lambda conn: conn.execute(
                 "SELECT seq, window_id, request_id FROM onceflow.restatements"
-                " WHERE job = %s AND completed_at IS NULL ORDER BY seq",
+                " WHERE job = %s AND completed_at IS NULL AND cancelled_at IS NULL ORDER BY seq",
                 (self.job,),
             ).fetchall(),
         )
@@ -715,8 +737,54 @@ class Ledger:
                 self.record_versions(conn, window_id, versions or {}, restate_seq=seq)
             conn.execute(
                 "UPDATE onceflow.restatements SET completed_at = coalesce(completed_at, now())"
-                " WHERE job = %s AND seq = %s",
+                " WHERE job = %s AND seq = %s AND cancelled_at IS NULL",
                 (self.job, seq),
             )
 
         self.write(f"mark restatement {seq} completed", work)
+
+    def restatements(self, request: str) -> list[Restatement]:
+        """Every restatement of `request`: the windows planned under `<request>/w<N>`, or the one
+        whose request id is exactly `request`."""
+        rows = self.read(
+            f"read restatement request {request}",
+            lambda conn: conn.execute(
+                "SELECT seq, window_id, request_id, completed_at IS NOT NULL, cancel_reason"
+                " FROM onceflow.restatements WHERE job = %s"
+                " AND (request_id = %s OR left(request_id, length(%s::text) + 2) = %s::text || '/w')"
+                " ORDER BY seq",
+                (self.job, request, request, request),
+            ).fetchall(),
+        )
+        return [
+            Restatement(int(s), int(w), str(r), bool(c), x)
+            for s, w, r, c, x in rows
+            if r == request or r[len(request) + 2 :].isdigit()
+        ]
+
+    def cancelled_restatements(self) -> list[Restatement]:
+        """Restatements an operator cancelled, oldest first."""
+        rows = self.read(
+            "read the cancelled restatements",
+            lambda conn: conn.execute(
+                "SELECT seq, window_id, request_id, cancel_reason FROM onceflow.restatements"
+                " WHERE job = %s AND cancelled_at IS NOT NULL ORDER BY seq",
+                (self.job,),
+            ).fetchall(),
+        )
+        return [Restatement(int(s), int(w), str(r), False, str(x)) for s, w, r, x in rows]
+
+    def cancel_restatement(self, epoch: int, seq: int, reason: str) -> None:
+        """Record that the operator gave up unfinished restatement `seq` (fenced; never undone;
+        a finished one stays finished)."""
+
+        def cancel(conn: psycopg.Connection) -> None:
+            self.fence(conn, epoch)
+            conn.execute(
+                "UPDATE onceflow.restatements SET cancelled_at = coalesce(cancelled_at, now()),"
+                " cancel_reason = coalesce(cancel_reason, %s)"
+                " WHERE job = %s AND seq = %s AND completed_at IS NULL",
+                (reason, self.job, seq),
+            )
+
+        self.write(f"cancel restatement {seq}", cancel, epoch)

@@ -2,25 +2,45 @@
 
 Each window of a request is planned in the ledger first under its own request id
 (`<request>/w<window>`), so a retry of the request (even with a new run id) gets the same
-sequence numbers and applies each window once. Every check runs before the first sink changes.
-Then each sink group replaces the window: a Delta table in one commit that removes the window's
-rows and adds the new ones; the PostgreSQL sinks in one transaction (keyed tables lose the
-window's rows and get the new ones; accumulating tables get the new contribution minus the
-recorded old one).
+sequence numbers and applies each window once. Every check runs before anything is recorded:
+a refused request leaves no restatement behind for the next run to trip over. Then each sink
+group replaces the window: a Delta table in one commit that removes the window's rows and adds
+the new ones; the PostgreSQL sinks in one transaction (keyed tables lose the window's rows and
+get the new ones; accumulating tables get the new contribution minus the recorded old one).
+
+An unfinished restatement (cut short by a crash, or planned before a sink changed so that it
+can no longer apply) is cancelled by request (`cancel_restatements`): recorded with a reason,
+fenced by a new epoch, refused where a sink already applied it.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from onceflow._staging import WindowStage
 from onceflow.engine import WindowResult
-from onceflow.errors import ConfigurationError
+from onceflow.errors import ConfigurationError, SinkError
 
 if TYPE_CHECKING:
     from onceflow.engine import Engine
-    from onceflow.ledger import Window
+    from onceflow.ledger import Restatement, Window
+
+# Said by every refusal made before anything was recorded.
+NOTHING_RECORDED = "Nothing was recorded; the job runs on as before."
+
+
+def request_of(request_id: str) -> str:
+    """The request a restatement's id belongs to (`<request>/w<window>` → `<request>`)."""
+    head, sep, tail = request_id.rpartition("/w")
+    return head if sep and tail.isdigit() else request_id
+
+
+def cancel_command(job: str, request_id: str) -> str:
+    """The command that cancels the unfinished restatements of `request_id`'s request."""
+    return f"onceflow restate {job} --cancel {request_of(request_id)}"
 
 
 def restate_windows(
@@ -45,34 +65,29 @@ def restate_windows(
             now (`Source.rebased`) and restated from it; the others are left alone.
 
     Raises:
-        ConfigurationError: A window was never planned.
-        SinkError: A sink cannot restate a window (checked before anything changes).
+        ConfigurationError: A window was never planned, or was skipped (nothing recorded).
+        SinkError: A sink cannot restate a window, or an unfinished earlier restatement cannot
+            be applied (checked before anything is recorded).
         SourceError: The replaced input cannot be read for a window (yet).
     """
     run_id = run_id or uuid.uuid4().hex
     request_id = request_id or run_id
-    epoch = engine.start(run_id)
+    # Every check first, on what the ledger and the sinks hold now; only then an epoch (which
+    # fences a running job) and the plan.
+    engine.prepare()
+    engine.rebuild_ledger()
+    engine.check_retention()
     engine.check_sinks_hold_completed()
-    ledger = engine.ledger
     rebased: dict[int, dict] = {}
     if source_replaced:
         rebased = _rebased(engine, window_ids)
         window_ids = [
-            w.window_id for w in ledger.windows() if w.completed and w.window_id in rebased
+            w.window_id for w in engine.ledger.windows() if w.completed and w.window_id in rebased
         ]
-    windows: list[Window] = []
-    for wid in sorted(set(window_ids)):
-        window = ledger.window(wid)
-        if window is None:
-            raise ConfigurationError(
-                f"job {engine.job.name}: window {wid} was never planned; nothing was restated."
-            )
-        if window.skipped is not None:
-            raise ConfigurationError(
-                f"job {engine.job.name}: window {wid} was skipped ({window.skipped}); it has no "
-                "effect to restate."
-            )
-        windows.append(window)
+    windows = _restatable(engine, window_ids)
+    check_unfinished(engine, engine.planned_restatements())
+    epoch = engine.start(run_id)
+    ledger = engine.ledger
     # Numbered above what any sink applied: the ledger's restatements may have been lost.
     floor = max((group.restated_through() for group in engine.groups), default=0)
     pending = [
@@ -143,3 +158,135 @@ def _rebased(engine: Engine, window_ids: Sequence[int]) -> dict[int, dict]:
             "restated."
         )
     return rebased
+
+
+def _restatable(engine: Engine, window_ids: Sequence[int]) -> list[Window]:
+    """The windows, if every sink can restate each of them; else the reason, by window."""
+    job = engine.job.name
+    windows: list[Window] = []
+    for wid in sorted(set(window_ids)):
+        window = engine.ledger.window(wid)
+        if window is None:
+            last = engine.ledger.last_window_id()
+            raise ConfigurationError(
+                f"job {job}: window {wid} was never planned (the last planned window is "
+                f"{last}). {NOTHING_RECORDED}"
+            )
+        if window.skipped is not None:
+            raise ConfigurationError(
+                f"job {job}: window {wid} was skipped ({window.skipped}); it has no effect to "
+                f"restate. {NOTHING_RECORDED}"
+            )
+        windows.append(window)
+    for window in windows:
+        for group in engine.groups:
+            try:
+                group.check_restate(window)
+            except SinkError as exc:
+                raise SinkError(f"job {job}: {exc.message} {NOTHING_RECORDED}") from None
+    return windows
+
+
+def check_unfinished(engine: Engine, todo: Sequence[tuple[Window, int]]) -> None:
+    """Raise SinkError, naming the command that cancels it, if an unfinished restatement
+    cannot be applied (a sink changed since it was planned, say): checked before any of them
+    changes a sink, and before a new request is recorded behind it."""
+    if not todo:
+        return
+    job = engine.job.name
+    requests = {seq: rid for seq, _, rid in engine.ledger.pending_restatements()}
+    for window, seq in todo:
+        for group in engine.groups:
+            try:
+                group.check_restate(window)
+            except SinkError as exc:
+                rid = requests.get(seq, "")
+                raise SinkError(
+                    f"job {job}: the unfinished restatement of window {window.window_id} (seq "
+                    f"{seq}, request {request_of(rid)}) cannot be applied: {exc.message} Cancel "
+                    f"it with `{cancel_command(job, rid)}`, then run the job again."
+                ) from None
+
+
+@dataclass
+class Cancelled:
+    """What `cancel_restatements` did.
+
+    Attributes:
+        request: The request.
+        cancelled: Restatements cancelled now (or by an earlier cancel of the same request).
+        finished: Restatements of the request that had finished: they stay.
+        reason: The recorded reason.
+    """
+
+    request: str
+    reason: str
+    cancelled: list[Restatement] = field(default_factory=list)
+    finished: list[Restatement] = field(default_factory=list)
+
+
+def cancel_restatements(
+    engine: Engine, request: str, *, reason: str = "", run_id: str | None = None
+) -> Cancelled:
+    """Give up the unfinished restatements of `request` (its windows keep the rows they have).
+
+    `request` is what `onceflow status` lists (the request, or one window's `<request>/w<N>`).
+    Takes a new epoch, so a run applying them is fenced, and checks again under it; a
+    restatement some sink already applied is refused (the sinks would disagree for good: the
+    next run finishes it instead). Cancelling a cancelled request again changes nothing.
+
+    Raises:
+        ConfigurationError: No such request, it is finished, or a sink applied part of it
+            (nothing recorded).
+    """
+    job = engine.job.name
+    reason = reason.strip() or "cancelled by an operator"
+    engine.prepare()
+    found = engine.ledger.restatements(request)
+    if not found:
+        raise ConfigurationError(
+            f"job {job}: there is no restatement request {request!r}. `onceflow status {job}` "
+            f"lists the unfinished ones with their requests. {NOTHING_RECORDED}"
+        )
+    finished = [r for r in found if r.completed]
+    earlier = [r for r in found if r.cancelled is not None]
+    unfinished = [r for r in found if not r.completed and r.cancelled is None]
+    if not unfinished:
+        if earlier:
+            return Cancelled(request, earlier[0].cancelled or reason, earlier, finished)
+        raise ConfigurationError(
+            f"job {job}: restatement request {request!r} is finished (every window was "
+            "restated in every sink); a finished restatement cannot be cancelled. Restate the "
+            f"windows again with the code you want. {NOTHING_RECORDED}"
+        )
+    _refuse_applied(engine, unfinished)
+    epoch = engine.start(run_id or f"cancel-{uuid.uuid4().hex}")
+    # Again under the new epoch: a run that applied one before it was fenced is seen now.
+    unfinished = [
+        r for r in engine.ledger.restatements(request) if not r.completed and r.cancelled is None
+    ]
+    _refuse_applied(engine, unfinished)
+    for item in unfinished:
+        engine.ledger.cancel_restatement(epoch, item.seq, reason)
+        window = engine.ledger.window(item.window_id)
+        if window is not None:  # its recomputed output, if staged, is never needed now
+            WindowStage(
+                engine.settings.lake, job, item.window_id, window.offsets, f"-r{item.seq}"
+            ).discard()
+    after = engine.ledger.restatements(request)
+    return Cancelled(request, reason, [r for r in after if r.cancelled is not None], finished)
+
+
+def _refuse_applied(engine: Engine, unfinished: Sequence[Restatement]) -> None:
+    job = engine.job.name
+    for item in unfinished:
+        applied = sorted(
+            name for group in engine.groups for name in group.restatement_applied(item.seq)
+        )
+        if applied:
+            raise ConfigurationError(
+                f"job {job}: the restatement of window {item.window_id} (seq {item.seq}, "
+                f"request {request_of(item.request_id)}) is already applied in "
+                f"{', '.join(applied)}; cancelling it would leave the sinks apart for good. "
+                f"`onceflow run {job}` finishes it. {NOTHING_RECORDED}"
+            )

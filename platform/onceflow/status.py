@@ -135,22 +135,29 @@ class OpenItems:
         skipped: Windows an operator skipped: (window id, reason).
         abandoned: Completed windows an operator abandoned for a sink that lost them and
             cannot get them back: (window id, sink, reason), a known gap in that sink.
+        cancelled: Restatements an operator cancelled: (seq, window, request, reason).
     """
 
     restatements: tuple[tuple[int, int, str], ...]
     skipped: tuple[tuple[int, str], ...]
     abandoned: tuple[tuple[int, str, str], ...] = ()
+    cancelled: tuple[tuple[int, int, str, str], ...] = ()
 
 
 def open_items(engine: Engine) -> OpenItems:
-    """Unfinished restatements, skipped and abandoned windows (shown until they are gone;
-    skips and abandonments stay)."""
+    """Unfinished restatements, skipped and abandoned windows, cancelled restatements (shown
+    until they are gone; skips, abandonments and cancels stay: they are the operator's
+    record)."""
     engine.prepare()
     ledger = engine.ledger
     return OpenItems(
         tuple(ledger.pending_restatements()),
         tuple(ledger.skipped_windows()),
         tuple(ledger.abandoned_reasons()),
+        tuple(
+            (r.seq, r.window_id, r.request_id, r.cancelled or "")
+            for r in engine.ledger.cancelled_restatements()
+        ),
     )
 
 
@@ -162,6 +169,7 @@ def job_status(engine: Engine, lineage_windows: int = RECENT_WINDOWS) -> dict[st
     """The job's state, as plain data (JSON-serialisable): epoch, sinks' commit state, lag,
     recent windows, and the newest `lineage_windows` rows of `onceflow.lineage`."""
     from onceflow.lineage import lineage
+    from onceflow.restate import cancel_command, request_of
 
     engine.prepare()
     ledger = engine.ledger
@@ -203,8 +211,24 @@ def job_status(engine: Engine, lineage_windows: int = RECENT_WINDOWS) -> dict[st
             {"window_id": wid, "sink": sink, "reason": reason} for wid, sink, reason in abandoned
         ],
         "restatements_pending": [
-            {"seq": seq, "window_id": wid, "request_id": req}
+            {
+                "seq": seq,
+                "window_id": wid,
+                "request_id": req,
+                "request": request_of(req),
+                "cancel": cancel_command(engine.job.name, req),
+            }
             for seq, wid, req in ledger.pending_restatements()
+        ],
+        "restatements_cancelled": [
+            {
+                "seq": r.seq,
+                "window_id": r.window_id,
+                "request_id": r.request_id,
+                "request": request_of(r.request_id),
+                "reason": r.cancelled,
+            }
+            for r in ledger.cancelled_restatements()[-RECENT_WINDOWS:]
         ],
         "sinks": sinks,
         "recent": [
@@ -252,9 +276,19 @@ def format_status(status: dict[str, Any]) -> str:
     ]
     if status["restatements_pending"]:
         pending = ", ".join(
-            f"window {r['window_id']} (seq {r['seq']})" for r in status["restatements_pending"]
+            f"window {r['window_id']} (seq {r['seq']}, request {r['request']})"
+            for r in status["restatements_pending"]
         )
-        lines.append(f"restatements not finished: {pending} (the next run finishes them)")
+        cancels = sorted({r["cancel"] for r in status["restatements_pending"]})
+        lines.append(
+            f"restatements not finished: {pending} (the next run finishes them; "
+            f"`{'`, `'.join(cancels)}` gives them up)"
+        )
+    for r in status.get("restatements_cancelled", []):
+        lines.append(
+            f"restatement of window {r['window_id']} cancelled (seq {r['seq']}, request "
+            f"{r['request']}): {r['reason']}"
+        )
     for skip in status["skipped"]:
         lines.append(f"window {skip['window_id']} skipped: {skip['reason']}")
     for gap in status["abandoned"]:

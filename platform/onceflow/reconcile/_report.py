@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
+
+from onceflow._diff import DiffSample
 
 
 @dataclass(frozen=True)
@@ -17,6 +20,8 @@ class SinkDiff:
             keyless sink reports a changed row as one missing and one extra copy).
         repaired: True when the difference was applied to the sink.
         skipped: Why the sink was not compared, or None when it was.
+        samples: The first differences of each kind, by key only (a keyless sink: by window),
+            never other columns' values.
     """
 
     sink: str
@@ -25,10 +30,30 @@ class SinkDiff:
     changed: int
     repaired: bool
     skipped: str | None = None
+    samples: tuple[DiffSample, ...] = ()
 
     @property
     def clean(self) -> bool:
         return self.skipped is None and self.missing == self.extra == self.changed == 0
+
+    def explained(self) -> dict[str, list[str]]:
+        """The samples as text, by kind (`missing`, `extra`, `changed`)."""
+        out: dict[str, list[str]] = {}
+        for sample in self.samples:
+            out.setdefault(sample.kind, []).append(sample.describe())
+        return out
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "sink": self.sink,
+            "missing": self.missing,
+            "extra": self.extra,
+            "changed": self.changed,
+            "repaired": self.repaired,
+            "skipped": self.skipped,
+            "clean": self.clean,
+            "first_differences": [s.as_json() for s in self.samples],
+        }
 
 
 @dataclass(frozen=True)
@@ -73,6 +98,23 @@ class ReconcileReport:
         """True when every sink matched its expected state, held every completed window (but
         the abandoned ones: known gaps), and every window was checkable."""
         return not self.unverifiable and not self.lacking and all(s.clean for s in self.sinks)
+
+    def as_json(self) -> dict[str, Any]:
+        """The report as plain data (`onceflow reconcile --json`): counts, windows and the
+        first differing keys, never other columns' values."""
+        return {
+            "job": self.job,
+            "mode": self.mode,
+            "dry_run": self.dry_run,
+            "clean": self.clean,
+            "windows_checked": sorted(self.windows_checked),
+            "unverifiable": [{"window_id": w, "reason": r} for w, r in self.unverifiable],
+            "skipped": [{"window_id": w, "reason": r} for w, r in self.skipped],
+            "replayed": self.replayed,
+            "lacking": self.lacking,
+            "sinks": [s.as_json() for s in self.sinks],
+            "wall_s": round(self.wall_s, 3),
+        }
 
 
 def _ranges(ids: list[int]) -> str:
@@ -143,5 +185,14 @@ def format_report(report: ReconcileReport) -> str:
         else:
             state = "differs" if report.dry_run else "differs, not repaired"
         lines.append(f"{s.sink:<{width}}  {s.missing:>8}  {s.extra:>8}  {s.changed:>8}  {state}")
+    for s in report.sinks:
+        totals = {"missing": s.missing, "extra": s.extra, "changed": s.changed}
+        for kind, items in s.explained().items():
+            shown = sum(x.rows for x in s.samples if x.kind == kind)
+            more = totals[kind] - shown
+            lines.append(
+                f"{s.sink} {kind}: {'; '.join(items)}"
+                + (f"; and {more} more row(s)" if more > 0 else "")
+            )
     lines.append("clean" if report.clean else "NOT clean")
     return "\n".join(lines)

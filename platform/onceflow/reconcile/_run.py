@@ -142,7 +142,7 @@ def reconcile(
             diff = found.diff
             diffs.append(
                 SinkDiff(sink.name, diff.missing, diff.extra, diff.changed,
-                         repaired=epoch is not None and not diff.empty)
+                         repaired=epoch is not None and not diff.empty, samples=found.samples)
             )  # fmt: skip
             checked |= found.compared
             first_bad = min(bad) if bad else None

@@ -24,7 +24,7 @@ from onceflow.storage import Location
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from onceflow._diff import Diff
+    from onceflow._diff import Diff, DiffSample
     from onceflow.job import Job
     from onceflow.ledger import Ledger, Window
     from onceflow.quality import Target
@@ -119,6 +119,7 @@ class SinkReconcile:
     skipped: str | None  # why the sink was not compared
     committed: frozenset[int]  # windows the sink holds
     compared: frozenset[int]  # windows whose rows were compared one by one
+    samples: tuple[DiffSample, ...] = ()  # the first differences, by key only
 
 
 @dataclass(frozen=True)
@@ -295,6 +296,12 @@ class SinkGroup(ABC):
     @abstractmethod
     def check_restate(self, window: Window) -> None:
         """Raise SinkError if `window` cannot be restated here (checked before any change)."""
+
+    @abstractmethod
+    def restatement_applied(self, seq: int) -> set[str]:
+        """The group's sinks that applied restatement `seq` (planned restatements are applied
+        in sequence order, so an unfinished one is applied where this says so and nowhere
+        else)."""
 
     @abstractmethod
     def restate(

@@ -209,6 +209,14 @@ class DeltaGroup(SinkGroup):
                 "rows cannot be found to restate them; add it in the transform."
             )
 
+    def restatement_applied(self, seq: int) -> set[str]:
+        # The table records the highest restatement it applied, in one commit with its rows.
+        table = self._recorded_table()
+        if table is None:
+            return set()
+        applied = table.transaction_version(self.table.restate_app) or 0  # type: ignore[attr-defined]
+        return {self.spec.name} if applied >= seq else set()
+
     def restate(
         self,
         window: Window,
@@ -322,7 +330,13 @@ class DeltaGroup(SinkGroup):
         if epoch is not None and window_col is not None and not scope.unverifiable:
             # Its rows now are what every restatement made them: record them as applied.
             self.table.record_restated(self.state.restated_through(), epoch)
-        return SinkReconcile(diff, None, committed, compare if window_col else frozenset())
+        return SinkReconcile(
+            diff,
+            None,
+            committed,
+            compare if window_col else frozenset(),
+            tuple(diff.samples(window_col, keyed=False)),
+        )
 
     def unrecorded(self, known: AbstractSet[int]) -> str | None:
         """Why the table's log may not name windows it holds beyond `known` (None if it does).

@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -32,6 +32,7 @@ from onceflow.postgres import connect, is_lost_connection, retrying
 from onceflow.sinks.postgres.commit import copy_frame, lock_and_count
 from onceflow.sinks.postgres.spec import PostgresSink, arrow_type, spark_schema
 from onceflow.storage import Location
+from onceflow.windows import WINDOW_COL
 
 if TYPE_CHECKING:
     from onceflow.ledger import Ledger
@@ -41,6 +42,9 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 _log = logging.getLogger(__name__)
+
+# Narrows (expected, actual) to the rows a reconcile compares.
+Narrow = Callable[["DataFrame", "DataFrame"], tuple["DataFrame", "DataFrame"]]
 
 # Rows an executor fetches from its server-side cursor at a time.
 _FETCH_ROWS = 10_000
@@ -149,7 +153,7 @@ def reconcile_postgres(
     spec: PostgresSink,
     expected: DataFrame,
     *,
-    prepare_actual: Any,
+    narrow: Narrow,
     key: Sequence[str],
     workdir: Location,
     epoch: int | None,
@@ -168,7 +172,7 @@ def reconcile_postgres(
         job: The job's name.
         spec: The sink.
         expected: The expected rows, with the sink's columns and types.
-        prepare_actual: Narrows the actual rows to those under comparison (a function).
+        narrow: Narrows (expected, actual) to the rows under comparison.
         key: Match columns (the sink's key), or empty for whole rows.
         workdir: A folder for the diff.
         epoch: The reconcile's epoch; None for a dry run.
@@ -179,7 +183,7 @@ def reconcile_postgres(
     def attempt() -> Diff:
         try:
             diff = _reconcile_once(
-                spark, dsn, ledger, job, spec, expected, prepare_actual=prepare_actual,
+                spark, dsn, ledger, job, spec, expected, narrow=narrow,
                 key=key, workdir=workdir, epoch=epoch, job_filter=job_filter,
             )  # fmt: skip
         except _RepairUnanswered as lost:
@@ -215,7 +219,7 @@ def _reconcile_once(
     spec: PostgresSink,
     expected: DataFrame,
     *,
-    prepare_actual: Any,
+    narrow: Narrow,
     key: Sequence[str],
     workdir: Location,
     epoch: int | None,
@@ -240,7 +244,9 @@ def _reconcile_once(
             conn.execute(sql.SQL("LOCK TABLE {} IN EXCLUSIVE MODE").format(target))
         else:
             conn.read_only = True
-        actual = prepare_actual(read_postgres(spark, dsn, conn, spec, job_filter=job_filter))
+        expected, actual = narrow(
+            expected, read_postgres(spark, dsn, conn, spec, job_filter=job_filter)
+        )
         diff = multiset_diff(expected.select(*columns), actual.select(*columns), columns, key,
                              workdir / f"diff_{spec.name}")  # fmt: skip
         if not repair or diff.empty:
@@ -248,6 +254,7 @@ def _reconcile_once(
             return diff
         assert epoch is not None
         try:
+            conn.execute("SAVEPOINT onceflow_repair")
             _apply(dsn, conn, job, spec, diff, epoch, staged, keyed=bool(key))
         except psycopg.OperationalError as exc:
             if is_lost_connection(exc):
@@ -257,10 +264,14 @@ def _reconcile_once(
                 "changed. Run reconcile again."
             ) from None
         except psycopg.Error as exc:
-            # The server's DETAIL quotes row values: keep only the class and SQLSTATE.
+            # The server's DETAIL quotes row values: say why by the constraint and the keys.
+            why = _refused_by(conn, spec, exc, staged)
             raise SinkError(
                 f"sink {spec.name}: PostgreSQL refused the repair ({type(exc).__name__}, SQLSTATE "
-                f"{exc.sqlstate}); nothing was changed."
+                f"{exc.sqlstate}){why}; nothing was changed. A constraint beyond the sink's key "
+                "(added outside onceflow) must allow the job's rows: correct it, or the rows it "
+                f"names, then run `onceflow reconcile {job}` again (`--dry-run` names the keys "
+                "that differ)."
             ) from None
         try:
             conn.commit()
@@ -378,6 +389,119 @@ def _stage(
         copied,
     )
     return False
+
+
+def _refused_by(
+    conn: psycopg.Connection, spec: PostgresSink, exc: psycopg.Error, staged: list[str]
+) -> str:
+    """Why the repair was refused, in terms of the constraint and keys, never row values:
+    the keys of rows to insert that collide with rows the table keeps (a unique constraint)
+    or that lack a value (a NOT NULL column)."""
+    diag = exc.diag
+    constraint, column = diag.constraint_name, diag.column_name
+    parts = []
+    if constraint:
+        parts.append(f"constraint {constraint}")
+    elif column:
+        parts.append(f"column {column}")
+    keys: list[str] = []
+    if spec.key and len(staged) >= 2:
+        try:  # the last (delete, insert) pair staged is the one the repair applied
+            keys = _offending_keys(conn, spec, exc, staged[-2:])
+        except psycopg.Error:  # the reason stays the constraint's name
+            conn.rollback()
+    if keys:
+        parts.append(f"the rows to insert for {'; '.join(keys)}")
+        if isinstance(exc, psycopg.errors.UniqueViolation):
+            parts[-1] += " collide with rows the table keeps"
+    return f": {', '.join(parts)}" if parts else ""
+
+
+def _offending_keys(
+    conn: psycopg.Connection, spec: PostgresSink, exc: psycopg.Error, staged: list[str]
+) -> list[str]:
+    """Inside the failed repair's transaction (rolled back to its savepoint): the keys of the
+    staged rows to insert that break the constraint `exc` names (at most five)."""
+    conn.execute("ROLLBACK TO SAVEPOINT onceflow_repair")
+    target = sql.Identifier(spec.schema, spec.table)
+    ins = sql.Identifier("onceflow", staged[1])
+    keys = sql.SQL(", ").join(sql.SQL("s.{}").format(sql.Identifier(c)) for c in spec.key)
+    if isinstance(exc, psycopg.errors.NotNullViolation) and exc.diag.column_name:
+        query = sql.SQL("SELECT {} FROM {} AS s WHERE s.{} IS NULL LIMIT 5").format(
+            keys, ins, sql.Identifier(exc.diag.column_name)
+        )
+    elif isinstance(exc, psycopg.errors.UniqueViolation) and exc.diag.constraint_name:
+        row = conn.execute(
+            "SELECT array_agg(a.attname ORDER BY k.n) FROM pg_index i"
+            " JOIN pg_class c ON c.oid = i.indexrelid"
+            " CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, n)"
+            " JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum"
+            " WHERE i.indrelid = to_regclass(format('%%I.%%I', %s::text, %s::text))"
+            " AND c.relname = %s",
+            (spec.schema, spec.table, exc.diag.constraint_name),
+        ).fetchone()
+        columns = [str(c) for c in (row[0] if row and row[0] else [])]
+        if not columns:
+            return []
+        same = sql.SQL(" AND ").join(
+            sql.SQL("t.{} = s.{}").format(sql.Identifier(c), sql.Identifier(c)) for c in columns
+        )
+        # Against the table as the repair's DELETE leaves it (done again here).
+        deleted = sql.SQL(" AND ").join(
+            sql.SQL("d.{} = t.{}").format(sql.Identifier(c), sql.Identifier(c)) for c in spec.key
+        )
+        query = sql.SQL(
+            "SELECT {} FROM {} AS s WHERE EXISTS (SELECT 1 FROM {} AS t WHERE {}"
+            " AND NOT EXISTS (SELECT 1 FROM {} AS d WHERE {})) LIMIT 5"
+        ).format(keys, ins, target, same, sql.Identifier("onceflow", staged[0]), deleted)
+    else:
+        return []
+    rows = conn.execute(query).fetchall()
+    return [", ".join(f"{c}={v}" for c, v in zip(spec.key, r, strict=True)) for r in rows]
+
+
+def narrow_upsert(
+    key: Sequence[str], window_column: str, since: int, unverifiable: frozenset[int]
+) -> Narrow:
+    """Narrow an upsert sink's comparison the way the run applies it: the last window's row
+    per key wins, also over windows this reconcile does not compare.
+
+    `expected` holds the latest row per key of every verifiable window the sink holds, with
+    its window in `WINDOW_COL`. A held row of a window left alone (its input gone, or verified
+    before in incremental mode) is *outside*. Then, per key:
+
+    - an outside row at least as new as the expected row stands: neither side is compared
+      (a later window whose input is gone overwrote the key);
+    - an outside row older than the expected row is compared with it (a later window should
+      have overwritten it): the repair replaces it;
+    - otherwise rows are compared as they are, an expected row of a window verified before
+      only where the sink holds a compared row for its key.
+    """
+    keys = list(key)
+
+    def narrow(expected: DataFrame, actual: DataFrame) -> tuple[DataFrame, DataFrame]:
+        from pyspark.sql import functions as F
+
+        held = F.col(window_column)
+        outside = held.isNotNull() & (held <= since)
+        if unverifiable:
+            outside = outside | held.isin(sorted(unverifiable))
+        marked = actual.withColumn("__outside", outside)
+        newest_outside = marked.where("__outside").groupBy(*keys).agg(F.max(held).alias("__wo"))
+        inside_keys = (
+            marked.where(~F.col("__outside")).select(*keys).distinct()
+            .withColumn("__in", F.lit(True))
+        )  # fmt: skip
+        we, wo = F.col(WINDOW_COL), F.col("__wo")
+        joined = expected.join(newest_outside, keys, "left").join(inside_keys, keys, "left")
+        kept = joined.where(F.col("__in").isNotNull() | ((wo.isNull() | (we > wo)) & (we > since)))
+        replaced = kept.where(wo.isNotNull()).select(*keys)
+        compared = marked.where(~F.col("__outside")).unionByName(
+            marked.where("__outside").join(replaced, keys, "left_semi")
+        )
+        return kept.drop("__wo", "__in"), compared.drop("__outside")
+
+    return narrow
 
 
 def _staging_names(job: str, spec: PostgresSink, epoch: int | None, attempt: int) -> list[str]:

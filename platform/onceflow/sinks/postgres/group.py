@@ -28,7 +28,7 @@ from onceflow.sinks.base import (
     WindowWrite,
 )
 from onceflow.sinks.postgres._columns import table_problems
-from onceflow.sinks.postgres._reconcile import reconcile_postgres
+from onceflow.sinks.postgres._reconcile import narrow_upsert, reconcile_postgres
 from onceflow.sinks.postgres.commit import (
     COMMIT_ATTEMPTS,
     PROTOCOL_DDL,
@@ -401,6 +401,18 @@ class PostgresGroup(SinkGroup):
                     "found to restate them; declare one in the sink."
                 )
 
+    def restatement_applied(self, seq: int) -> set[str]:
+        # The sinks' transaction wrote a marker per sink with the rows: all or none.
+        rows = self._read(
+            f"read restatement {seq}'s markers",
+            lambda conn: conn.execute(
+                "SELECT sink FROM onceflow.restate_commits"
+                " WHERE job = %s AND seq = %s AND sink = ANY(%s)",
+                (self.job, seq, list(self.by_name)),
+            ).fetchall(),
+        )
+        return {str(r[0]) for r in rows}
+
     def restate(
         self,
         window: Window,
@@ -440,12 +452,20 @@ class PostgresGroup(SinkGroup):
             return SinkReconcile(None, "holds rows of unverifiable windows", committed, frozenset())
         since = scope.since if window_col is not None and not accumulate else 0
         compare = frozenset(w for w in committed if w > since and w not in scope.unverifiable)
+        # An upsert's later windows overwrite keys of earlier ones, compared or not: its
+        # expected rows come from every window it can recompute (`narrow_upsert`).
+        scoped_upsert = spec.mode == "upsert" and window_col is not None
+        windows = (
+            frozenset(w for w in committed if w not in scope.unverifiable)
+            if scoped_upsert
+            else compare
+        )
         if expected is None:
             expected = spark.createDataFrame([], schema).withColumn(
                 WINDOW_COL, F.lit(None).cast("bigint")
             )
         expected = expected.where(
-            F.col(WINDOW_COL).isin(sorted(compare)) if compare else F.lit(False)
+            F.col(WINDOW_COL).isin(sorted(windows)) if windows else F.lit(False)
         )
         if accumulate:
             others = [c for c in spec.columns if c not in spec.key and c not in spec.accumulate]
@@ -467,17 +487,25 @@ class PostgresGroup(SinkGroup):
                 .where(F.col("__latest") == 1)
                 .drop("__latest")
             )
-        expected = expected.select(*[F.col(f.name).cast(f.dataType) for f in schema.fields])
+        expected = expected.select(
+            *[F.col(f.name).cast(f.dataType) for f in schema.fields],
+            *([F.col(WINDOW_COL)] if scoped_upsert else []),
+        )
 
-        def prepare_actual(actual: DataFrame) -> DataFrame:
+        def compared_rows(expected: DataFrame, actual: DataFrame) -> tuple[DataFrame, DataFrame]:
             if window_col is None:
-                return actual
+                return expected, actual
             column = F.col(window_col)
             keep = column > since
             if scope.unverifiable:
                 keep = keep & ~column.isin(sorted(scope.unverifiable))
-            return actual.where(column.isNull() | keep)
+            return expected, actual.where(column.isNull() | keep)
 
+        narrow = (
+            narrow_upsert(spec.key, window_col, since, scope.unverifiable)
+            if scoped_upsert and window_col is not None
+            else compared_rows
+        )
         diff = reconcile_postgres(
             spark,
             self.ctx.dsn,
@@ -485,14 +513,18 @@ class PostgresGroup(SinkGroup):
             self.job,
             spec,
             expected,
-            prepare_actual=prepare_actual,
+            narrow=narrow,
             key=spec.key,
             workdir=workdir,
             epoch=epoch,
             job_filter=self.job,
         )
         return SinkReconcile(
-            diff, None, committed, compare if window_col is not None else frozenset()
+            diff,
+            None,
+            committed,
+            compare if window_col is not None else frozenset(),
+            tuple(diff.samples(window_col, keyed=bool(spec.key))),
         )
 
     # -- the rest -----------------------------------------------------------------------------
