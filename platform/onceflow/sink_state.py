@@ -59,13 +59,17 @@ class SinkState:
             row = conn.execute(
                 "SELECT (SELECT identity FROM onceflow.sink_tables WHERE job = %(job)s"
                 "        AND sink = %(sink)s),"
-                " (SELECT coalesce(max(w.window_id), 0) FROM onceflow.windows w"
+                # Newest first by the primary key, stopping at the first match: a year of
+                # windows costs what the last few do.
+                " coalesce((SELECT w.window_id FROM onceflow.windows w"
                 "  WHERE w.job = %(job)s AND w.window_id < %(before)s"
                 "  AND w.completed_at IS NOT NULL AND w.skipped_at IS NULL"
                 "  AND NOT EXISTS (SELECT 1 FROM onceflow.abandoned_windows a"
-                "   WHERE a.job = w.job AND a.window_id = w.window_id AND a.sink = %(sink)s)),"
-                " (SELECT coalesce(max(seq), 0) FROM onceflow.restatements"
-                "  WHERE job = %(job)s AND completed_at IS NOT NULL)",
+                "   WHERE a.job = w.job AND a.window_id = w.window_id AND a.sink = %(sink)s)"
+                "  ORDER BY w.window_id DESC LIMIT 1), 0),"
+                " coalesce((SELECT r.seq FROM onceflow.restatements r"
+                "  WHERE r.job = %(job)s AND r.completed_at IS NOT NULL"
+                "  ORDER BY r.seq DESC LIMIT 1), 0)",
                 {"job": self.job, "sink": sink, "before": before},
             ).fetchone()
             assert row is not None
