@@ -44,6 +44,7 @@ LEDGER_TABLES = (
     "sink_versions",
     "reconciliations",
     "abandoned_windows",
+    "sink_tables",
     "check_results",
     "dedupe_keys",
     "dedupe_windows",
@@ -58,9 +59,13 @@ SINK_TABLES = ("quarantine",)
 POINTS = ("plan", "before_sinks", "after_delta", "pg_staged", "pg_commit_sent", "after_commits")
 # The point every other table is dropped after: window 2 is in the Delta table only.
 REPRESENTATIVE = "after_delta"
-CASES = [("windows", point) for point in POINTS] + [
-    (table, REPRESENTATIVE) for table in LEDGER_TABLES if table != "windows"
-]
+# `make test` drops the window plan after the points where what the sinks hold differs most
+# (nothing yet, the Delta table only, a COMMIT whose answer was lost); `make test-all` all.
+IN_CI = ("plan", "after_delta", "pg_commit_sent")
+CASES = [
+    pytest.param("windows", point, marks=() if point in IN_CI else pytest.mark.exhaustive)
+    for point in POINTS
+] + [pytest.param(table, REPRESENTATIVE) for table in LEDGER_TABLES if table != "windows"]
 
 
 def _with_db(dsn: str, name: str) -> str:
@@ -211,7 +216,9 @@ def _recover(site: Site) -> list[str]:
     pytest.fail(f"still refused after {fixes}")
 
 
-@pytest.mark.parametrize(("table", "point"), CASES, ids=[f"{t}-{p}" for t, p in CASES])
+@pytest.mark.parametrize(
+    ("table", "point"), CASES, ids=[f"{c.values[0]}-{c.values[1]}" for c in CASES]
+)
 def test_a_ledger_table_lost_after_a_crash_is_detected_or_harmless(
     copy_of: Callable[[str], Site], table: str, point: str
 ) -> None:
