@@ -90,6 +90,18 @@ class SinkState:
         )
         return str(row[0]) if row else None
 
+    def identities(self, sinks: list[str]) -> dict[str, str | None]:
+        """Each sink's recorded identity (None where none is recorded), in one round trip."""
+        rows = self.ledger.read(
+            "read the sinks' identities",
+            lambda conn: conn.execute(
+                "SELECT sink, identity FROM onceflow.sink_tables WHERE job = %s AND sink = ANY(%s)",
+                (self.job, sinks),
+            ).fetchall(),
+        )
+        found = {str(sink): str(identity) for sink, identity in rows}
+        return {sink: found.get(sink) for sink in sinks}
+
     def record_identity(self, sink: str, identity: str) -> None:
         """Record the table `sink` writes to from now on (set-to-a-value: safe to repeat)."""
         self.ledger.write(

@@ -133,7 +133,7 @@ class PostgresGroup(SinkGroup):
         return self._read("read the sink tables' oids", read)
 
     def _recorded(self) -> dict[str, str | None]:
-        return {name: self.state.identity(name) for name in self.by_name}
+        return self.state.identities(list(self.by_name))
 
     def _replaced(self) -> set[str]:
         """Sinks whose table is not the one recorded (dropped, created again)."""
