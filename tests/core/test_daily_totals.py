@@ -42,6 +42,7 @@ from tests.support.daily_totals_oracle import (
     totals_from_delta,
     totals_from_landing,
 )
+from tests.support.matrix import points
 from tests.support.oracle import expected_outputs, visible_files
 from tests.support.outputs import actual_outputs, assert_exact
 
@@ -193,7 +194,7 @@ def _cli(env: dict, home: Path, *args: str) -> Finished:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("point", TOTALS_POINTS)
+@pytest.mark.parametrize("point", points(*TOTALS_POINTS, in_ci=("plan", "pg_commit_sent")))
 def test_daily_totals_crash_at_fault_point_then_rerun_is_exact(
     spark, point: str, pg_dsn: str, tmp_path: Path, lake: Path, landing: Path
 ) -> None:

@@ -27,6 +27,7 @@ from tests.support.daily_totals_oracle import (
     totals_from_delta,
     totals_from_landing,
 )
+from tests.support.matrix import points
 from tests.support.oracle import expected_outputs
 from tests.support.outputs import actual_outputs, assert_exact
 from tests.support.s3proxy import S3Proxy
@@ -101,22 +102,15 @@ def site(pg_dsn: str, s3: LocalS3, tmp_path: Path, landing: Path, input_files: P
     return S3Site(pg_dsn, s3, lake, landing, home, s3.endpoint)
 
 
-# Every fault point on the store. `make test` (CI) runs those where what the store holds
-# differs from the local lake's case: uncommitted data files, a Delta commit PostgreSQL lacks,
-# a COMMIT whose answer is lost; the local matrix (test_crash.py) has every point. The
-# `exhaustive` ones run with `make test-all`.
-def _points(*points: str, in_ci: tuple[str, ...]) -> list:
-    return [
-        pytest.param(p) if p in in_ci else pytest.param(p, marks=pytest.mark.exhaustive)
-        for p in points
-    ]
-
-
+# Every fault point on the store. `make test` (CI) runs the one where what the store holds
+# differs most from the local lake's case: a Delta commit on the store that PostgreSQL lacks;
+# the local matrix (test_crash.py) has every point. The `exhaustive` ones run with
+# `make test-all`.
 @pytest.mark.parametrize(
     "point",
-    _points(
+    points(
         *("plan", "before_sinks", "after_delta", "pg_commit_sent", "after_commits"),
-        in_ci=("before_sinks", "after_delta", "pg_commit_sent"),
+        in_ci=("after_delta",),
     ),
 )
 def test_payments_crash_at_fault_point_then_rerun_is_exact(site: S3Site, point: str) -> None:
@@ -134,7 +128,9 @@ def test_payments_crash_at_fault_point_then_rerun_is_exact(site: S3Site, point: 
     "target",
     [
         pytest.param(r"/lake/payments/_delta_log/\d{20}\.json$", id="delta-log-entry"),
-        pytest.param(r"/lake/payments/w\d{10}-.*\.parquet$", id="data-file"),
+        pytest.param(
+            r"/lake/payments/w\d{10}-.*\.parquet$", id="data-file", marks=pytest.mark.exhaustive
+        ),
     ],
 )
 def test_payments_exact_when_the_answer_to_a_put_is_lost(site: S3Site, target: str) -> None:
@@ -210,9 +206,9 @@ TOTALS_POINTS = (
 )
 
 
-# daily_totals writes only PostgreSQL, so the store is its source alone: the local matrix
-# (test_daily_totals.py) covers its points, and CI runs the hardest one here.
-@pytest.mark.parametrize("point", _points(*TOTALS_POINTS, in_ci=("pg_commit_sent",)))
+# The store is daily_totals's source only: the local matrix (test_daily_totals.py) covers its
+# points in CI, these run with `make test-all`.
+@pytest.mark.parametrize("point", points(*TOTALS_POINTS, in_ci=()))
 def test_daily_totals_on_an_s3_lake_crash_then_rerun_is_exact(site: S3Site, point: str) -> None:
     paid = site.payments(max_files=2)
     assert paid.returncode == 0, paid.stderr[-2000:]

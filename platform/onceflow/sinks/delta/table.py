@@ -97,7 +97,7 @@ class DeltaTableSink:
         delay = 0.1
         while True:
             try:
-                return DeltaTable(self.path.uri, storage_options=self.options)
+                table = DeltaTable(self.path.uri, storage_options=self.options)
             except TableNotFoundError:
                 # Loading lists the log; a table whose entries can be read by name is there,
                 # and the listing will show it.
@@ -109,6 +109,19 @@ class DeltaTableSink:
                     f"sink {self.sink}: Delta table {self.path} is missing. "
                     f"{self._reconcile_hint()}"
                 ) from None
+            # A listing that lags leaves out the newest entries: a snapshot older than the log
+            # read by name would pass for a table that lacks windows.
+            newer = table.version() + 1
+            if self._entry(newer) is None:
+                return table
+            if time.monotonic() >= deadline:
+                raise TransientSinkError(
+                    f"sink {self.sink}: the store's listing of {self.path} has not shown log "
+                    f"entry {newer} for {LISTING_LAG_S:g}s though it can be read; nothing was "
+                    "written. Run again."
+                )
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
 
     def _reconcile_hint(self) -> str:
         return (

@@ -5,7 +5,9 @@ A table is made by the sink's first run (`CREATE TABLE IF NOT EXISTS`) and never
 onceflow: a column added to the job later, or renamed or retyped in the table by hand, would
 otherwise surface as PostgreSQL refusing a window at commit, after the window was computed.
 The problems are found from the catalog and from PostgreSQL's own analysis of an insert of the
-declared types (`EXPLAIN`, so nothing runs and no trigger fires). Messages name tables,
+declared types (`EXPLAIN`, so nothing runs and no trigger fires) into an empty temporary copy
+of the table (`LIKE ... INCLUDING ALL`, rolled back): planning an insert into the table itself
+would take its ROW EXCLUSIVE lock, and so wait behind any writer's lock on it. Messages name tables,
 columns and types only: never a row's values.
 """
 
@@ -96,10 +98,45 @@ def table_problems(conn: psycopg.Connection, spec: PostgresSink) -> list[str]:
                 f"or `ALTER TABLE {target} ALTER COLUMN {ident(column.name)} DROP NOT NULL`"
             )
     present = {c: t for c, t in spec.columns.items() if c in columns}
-    if present and not _insert_fits(conn, spec, present):
+    if not present and spec.mode != "upsert":
+        return problems
+    with conn.transaction(force_rollback=True):
+        probe = _probe_copy(conn, spec)
+        problems += _type_problems(conn, spec, probe, columns, present, missing)
+    return problems
+
+
+def _probe_copy(conn: psycopg.Connection, spec: PostgresSink) -> sql.Identifier:
+    """An empty temporary table like the sink's (types, defaults, constraints, unique indexes),
+    dropped with the caller's transaction. Copying takes only ACCESS SHARE on the table."""
+    name = f"onceflow_probe_{spec.table}"[:63]
+    conn.execute(
+        sql.SQL("CREATE TEMPORARY TABLE {} (LIKE {} INCLUDING ALL) ON COMMIT DROP").format(
+            sql.Identifier(name), sql.Identifier(spec.schema, spec.table)
+        )
+    )
+    return sql.Identifier("pg_temp", name)
+
+
+def _type_problems(
+    conn: psycopg.Connection,
+    spec: PostgresSink,
+    probe: sql.Identifier,
+    columns: dict[str, TableColumn],
+    present: dict[str, str],
+    missing: list[str],
+) -> list[str]:
+    target = sql.Identifier(spec.schema, spec.table).as_string(conn)  # in SQL
+    table = f"{spec.schema}.{spec.table}"  # in prose
+
+    def ident(name: str) -> str:
+        return sql.Identifier(name).as_string(conn)
+
+    problems: list[str] = []
+    if present and not _insert_fits(conn, probe, present):
         # Which columns PostgreSQL cannot store the declared type in: each asked on its own.
         for name, declared in present.items():
-            if not _insert_fits(conn, spec, {name: declared}):
+            if not _insert_fits(conn, probe, {name: declared}):
                 actual = columns[name].type
                 problems.append(
                     f"sink {spec.name}: column {name} of table {table} is {actual}, which "
@@ -107,7 +144,7 @@ def table_problems(conn: psycopg.Connection, spec: PostgresSink) -> list[str]:
                     f"{ident(name)} TYPE {declared} USING {ident(name)}::{declared}`, or declare "
                     "a type the column takes"
                 )
-    if spec.mode == "upsert" and not missing and not _upsert_fits(conn, spec):
+    if spec.mode == "upsert" and not missing and not _upsert_fits(conn, probe, spec):
         keys = ", ".join(ident(k) for k in spec.key)
         problems.append(
             f"sink {spec.name}: an upsert needs a primary key or unique index on "
@@ -119,12 +156,8 @@ def table_problems(conn: psycopg.Connection, spec: PostgresSink) -> list[str]:
 
 def _explains(conn: psycopg.Connection, query: sql.Composable) -> bool:
     """Whether PostgreSQL accepts `query` (planned by EXPLAIN, never run)."""
-    savepoint = not conn.autocommit
     try:
-        if savepoint:
-            with conn.transaction():
-                conn.execute(sql.SQL("EXPLAIN {}").format(query))
-        else:
+        with conn.transaction():  # a savepoint: a refusal leaves the probe's transaction usable
             conn.execute(sql.SQL("EXPLAIN {}").format(query))
     except (
         psycopg.errors.DatatypeMismatch,  # a declared type the column cannot take
@@ -147,23 +180,20 @@ def _typed_nulls(columns: dict[str, str]) -> tuple[sql.Composable, sql.Composabl
     return names, values
 
 
-def _insert_fits(conn: psycopg.Connection, spec: PostgresSink, columns: dict[str, str]) -> bool:
+def _insert_fits(conn: psycopg.Connection, probe: sql.Identifier, columns: dict[str, str]) -> bool:
     names, values = _typed_nulls(columns)
     return _explains(
-        conn,
-        sql.SQL("INSERT INTO {} ({}) SELECT {} WHERE false").format(
-            sql.Identifier(spec.schema, spec.table), names, values
-        ),
+        conn, sql.SQL("INSERT INTO {} ({}) SELECT {} WHERE false").format(probe, names, values)
     )
 
 
-def _upsert_fits(conn: psycopg.Connection, spec: PostgresSink) -> bool:
+def _upsert_fits(conn: psycopg.Connection, probe: sql.Identifier, spec: PostgresSink) -> bool:
     key = {k: spec.columns[k] for k in spec.key}
     names, values = _typed_nulls(key)
     return _explains(
         conn,
         sql.SQL("INSERT INTO {} ({}) SELECT {} WHERE false ON CONFLICT ({}) DO NOTHING").format(
-            sql.Identifier(spec.schema, spec.table),
+            probe,
             names,
             values,
             sql.SQL(", ").join(sql.Identifier(k) for k in spec.key),

@@ -48,6 +48,8 @@ Narrow = Callable[["DataFrame", "DataFrame"], tuple["DataFrame", "DataFrame"]]
 
 # Rows an executor fetches from its server-side cursor at a time.
 _FETCH_ROWS = 10_000
+# Times an executor reads one block range over a lost connection before its task fails.
+_RANGE_ATTEMPTS = 5
 # Times a repair's rows are staged before the repair is refused.
 REPAIR_STAGE_ATTEMPTS = 3
 # The highest block number a tid can name: the last range is open-ended.
@@ -57,35 +59,83 @@ _MAX_BLOCK = 4_294_967_295
 def _read_ranges(
     dsn: str, app_name: str, snapshot: str, query: str, columns: dict[str, str]
 ) -> Any:
-    """A mapInArrow function: read each (lo, hi) block range of the table under `snapshot`."""
+    """A mapInArrow function: read each (lo, hi) block range of the table under `snapshot`.
+
+    A range whose connection is lost is read again on a new connection under the same snapshot
+    (its rows are yielded only once it was read whole), so one lost reply costs a range, not
+    the whole read; the driver's read is done again only if the snapshot itself is gone."""
     names = list(columns)
     types = [arrow_type(t) for t in columns.values()]
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import time
+
         import psycopg
         import pyarrow as pa
         from psycopg import sql
 
         schema = pa.schema(list(zip(names, types, strict=True)))
-        with psycopg.connect(dsn, application_name=app_name) as conn:
-            conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
-            conn.read_only = True
-            conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot)))
+        conn: psycopg.Connection | None = None
+        gone: list[str] = []  # the snapshot, once it is known to be gone
+
+        def connect_under_snapshot() -> psycopg.Connection:
+            new = psycopg.connect(dsn, application_name=app_name)
+            new.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+            new.read_only = True
+            try:
+                new.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot)))
+            except psycopg.Error as exc:
+                new.close()
+                if is_lost_connection(exc):
+                    raise
+                # The exporting transaction ended (the driver lost its connection): the
+                # driver reads again under a new snapshot.
+                gone.append(snapshot)
+                raise psycopg.OperationalError(
+                    f"the read's snapshot is gone: {type(exc).__name__}"
+                ) from None
+            return new
+
+        def read(lo: int, hi: int) -> list[pa.RecordBatch]:
+            nonlocal conn
+            delay = 0.1
+            for attempt in range(1, _RANGE_ATTEMPTS + 1):
+                try:
+                    if conn is None:
+                        conn = connect_under_snapshot()
+                    out = []
+                    with conn.cursor(name=f"reconcile_{uuid.uuid4().hex[:8]}") as cur:
+                        cur.execute(query.encode(), {"lo": f"({lo},0)", "hi": f"({hi},0)"})
+                        while rows := cur.fetchmany(_FETCH_ROWS):
+                            out.append(
+                                pa.RecordBatch.from_arrays(
+                                    [
+                                        pa.array([r[i] for r in rows], type=t)
+                                        for i, t in enumerate(types)
+                                    ],
+                                    schema=schema,
+                                )
+                            )
+                    return out
+                except psycopg.Error as exc:
+                    if conn is not None:
+                        conn.close()
+                        conn = None
+                    if gone or attempt == _RANGE_ATTEMPTS or not is_lost_connection(exc):
+                        raise
+                    time.sleep(delay)
+                    delay = min(delay * 2, 2.0)
+            raise AssertionError("unreachable")
+
+        try:
             for batch in batches:
                 for lo, hi in zip(
                     batch.column("lo").to_pylist(), batch.column("hi").to_pylist(), strict=True
                 ):
-                    with conn.cursor(name=f"reconcile_{uuid.uuid4().hex[:8]}") as cur:
-                        cur.execute(query.encode(), {"lo": f"({lo},0)", "hi": f"({hi},0)"})
-                        while rows := cur.fetchmany(_FETCH_ROWS):
-                            yield pa.RecordBatch.from_arrays(
-                                [
-                                    pa.array([r[i] for r in rows], type=t)
-                                    for i, t in enumerate(types)
-                                ],
-                                schema=schema,
-                            )
-            conn.rollback()
+                    yield from read(lo, hi)
+        finally:
+            if conn is not None:
+                conn.close()
 
     return run
 
