@@ -258,7 +258,7 @@ def test_cli_run_against_an_unreachable_server_names_it_without_credentials(
         "ONCEFLOW_PG_RETRY_S": "1",
         "GX_ANALYTICS_ENABLED": "false",
     }
-    (tmp_path / "landing").mkdir()
+    (tmp_path / "landing" / JOB).mkdir(parents=True)  # the source folder exists, empty
     done = CliRun(["run", JOB], env, tmp_path / "logs").finish(timeout=120)
     assert done.returncode == 1, done.stderr[-2000:]
     assert done.stderr.startswith("onceflow: run failed: could not connect")  # one paragraph
