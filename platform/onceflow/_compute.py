@@ -20,6 +20,7 @@ from pyspark import StorageLevel
 
 from onceflow import _window_params as window_params
 from onceflow._identifiers import spark_sql_name, spark_sql_string
+from onceflow._job_checks import check_outputs
 from onceflow._keyindex import KEY_COL, SEEN_COL, SeenLookup, null_key_columns
 from onceflow.errors import ConfigurationError
 from onceflow.job import Job, WindowContext
@@ -450,13 +451,12 @@ def compute(
     outputs = {
         name: reduce(lambda a, b: a.unionByName(b), frames) for name, frames in parts.items()
     }
-    wanted = {s.output for s in job.sinks}
-    absent = sorted(wanted - set(outputs))
-    if absent:
-        raise ConfigurationError(
-            f"job {job.name}: the transform gave no output named {absent}; it gave "
-            f"{sorted(outputs)}. Every sink's `output` must be one of them."
-        )
+    try:
+        check_outputs(job, outputs)
+    except ConfigurationError:
+        for df in (kept, parsed):
+            df.unpersist()
+        raise
     if slot is not None:
         any_window = any_window and all(_reads_only_its_window(df) for df in outputs.values())
     else:

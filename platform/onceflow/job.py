@@ -82,7 +82,8 @@ class Job:
         sinks: Where each output goes; every sink commits each window exactly once.
         parse: Raw records → typed columns plus `_reason` (null for valid records) and
             `_raw_text`. Needed for raw sources (JSON lines); typed sources validate records
-            themselves and need none.
+            themselves and need none, but may have one (it gets the typed frame, and sets
+            `_reason` on the records it rejects; those keep their text for the quarantine).
         dedupe: Optional first-occurrence deduplication across windows.
         quarantine_sink: Name of the sink receiving invalid records (`quarantine` output).
         guarantee: The delivery guarantee.
@@ -100,6 +101,13 @@ class Job:
             transform reads nothing but its rows (no `ctx.window_id` while planning; use
             `ctx.window_id_column()`) — each window's tasks are given that window's files and
             id when they run.
+        outputs: The names of the outputs the transform returns (optional). Declared, every
+            sink's output is checked against them when the job loads, and what the transform
+            gives at each window's plan; undeclared, only the latter.
+
+    Every mismatch between these declarations (sinks, outputs, columns, keys, quarantine) is a
+    ConfigurationError when the job loads, or at its first window's plan where only the
+    transform's output schema tells (`onceflow._job_checks`), never a failed write.
     """
 
     name: str
@@ -114,6 +122,7 @@ class Job:
     metadata: Mapping[str, Any] = field(default_factory=dict)
     freshness_s: float = 3600.0
     deterministic: bool = False
+    outputs: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         check_identifier(self.name, "job name")
@@ -146,6 +155,10 @@ class Job:
                 "give the job a `parse` function that turns them into typed columns with "
                 "`_reason` and `_raw_text`."
             )
+        if self.parse is not None and getattr(self.source, "raw_text", None) is False:
+            # A parse on a typed source may reject records the source found valid: they keep
+            # their text for the quarantine only if the source keeps every record's.
+            object.__setattr__(self, "source", replace(self.source, raw_text=True))  # type: ignore[call-arg]
         if self.dedupe is not None:
             state = self.sink(self.dedupe.state_sink)
             if not state.holds_dedupe_state:
@@ -157,6 +170,15 @@ class Job:
                 raise ConfigurationError(f"job {self.name}: dedupe needs at least one key column.")
         if self.quarantine_sink is not None:
             self.sink(self.quarantine_sink)
+        if isinstance(self.outputs, str):
+            object.__setattr__(self, "outputs", (self.outputs,))
+        object.__setattr__(self, "outputs", tuple(self.outputs))
+        for output in self.outputs:
+            check_identifier(output, f"job {self.name}: output")
+        from onceflow._job_checks import check_job, typed_sinks  # they import the sink kinds
+
+        object.__setattr__(self, "sinks", typed_sinks(self))
+        check_job(self)
 
     def sink(self, name: str) -> SinkSpec:
         """The sink named `name`.

@@ -727,3 +727,62 @@ def test_same_offsets_read_the_same_rows(spark, settings: Settings) -> None:
         ("t/a.csv", 2, 1),
         ("t/a.csv", 3, None),
     ]
+
+
+# -- required columns (no Spark: the executor's reader, called as a task calls it) -------------
+
+
+def test_a_required_column_left_empty_is_invalid_never_an_empty_key(tmp_path: Path) -> None:
+    source = CsvSource(
+        "orders", schema={"order_id": "string", "note": "string", "n": "bigint"},
+        required=("order_id", "n"),
+    )  # fmt: skip
+    path = tmp_path / "orders.csv"
+    path.write_text(
+        "order_id,note,n\n"
+        "o1,,1\n"  # an empty field that is not required stays ""
+        ",x,2\n"
+        '"",x,3\n'
+        " \t,x,4\n"
+        "o5,x,\n"
+        ",x,\n"
+    )
+    from onceflow.sources.csv import iter_csv_file
+
+    batches = list(
+        iter_csv_file(path, 0, "orders/orders.csv", source.schema, ",", True,
+                      required=source.required)
+    )  # fmt: skip
+    rows = {r["_source_line"]: r for b in batches for r in b.to_pylist()}
+    assert rows[2]["order_id"] == "o1" and rows[2]["note"] == "" and rows[2]["_reason"] is None
+    for line in (3, 4, 5):
+        assert rows[line]["_reason"] == "order_id: required, but empty", rows[line]
+        assert rows[line]["order_id"] is None
+    assert rows[5]["_raw_text"] == " \t,x,4"
+    assert rows[6]["_reason"] == "n: required, but empty"
+    assert rows[7]["_reason"] == "order_id: required, but empty; n: required, but empty"
+
+    # Without `required`, the same file gives "" keys, as before.
+    loose = CsvSource("orders", schema=source.schema)
+    batches = list(iter_csv_file(path, 0, "orders/orders.csv", loose.schema, ",", True))
+    assert [r["order_id"] for b in batches for r in b.to_pylist()][1] == ""
+
+    with pytest.raises(ConfigurationError, match="required column 'id' is not in the schema"):
+        CsvSource("orders", schema={"order_id": "string"}, required=("id",))
+
+
+def test_raw_text_keeps_every_records_line(tmp_path: Path) -> None:
+    from onceflow.sources.csv import iter_csv_file
+
+    path = tmp_path / "orders.csv"
+    path.write_text('order_id,n\no1,1\n"o,2",2\n')
+    schema = CsvSource("orders", schema={"order_id": "string", "n": "bigint"}).schema
+    kept = [
+        r["_raw_text"]
+        for b in iter_csv_file(path, 0, "o.csv", schema, ",", True, raw_text=True)
+        for r in b.to_pylist()
+    ]
+    assert kept == ["o1,1", '"o,2",2']
+    plain = [r["_raw_text"] for b in iter_csv_file(path, 0, "o.csv", schema, ",", True)
+             for r in b.to_pylist()]  # fmt: skip
+    assert plain == [None, None]

@@ -616,3 +616,31 @@ def test_raw_text_is_compact_json_of_the_declared_columns(spark, settings: Setti
     assert rows[0]["_reason"] == "n: does not fit int without loss or overflow"
     assert json.loads(rows[0]["_raw_text"]) == {"n": 2**40, "at": "2024-01-01 12:00:00.000001"}
     assert rows[0]["_raw_text"] == '{"n":1099511627776,"at":"2024-01-01 12:00:00.000001"}'
+
+
+def test_a_required_column_without_a_value_is_invalid(tmp_path: Path) -> None:
+    source = ParquetSource(
+        "orders", schema={"order_id": "string", "n": "bigint"}, required=("order_id", "n")
+    )
+    path = tmp_path / "orders.parquet"
+    pq.write_table(
+        pa.table({"order_id": ["o1", "", None, " ", "o5"], "n": [1, 2, 3, 4, None]}), path
+    )
+    batches = list(
+        iter_parquet_file(path, 0, "orders/orders.parquet", source.schema,
+                          required=source.required)
+    )  # fmt: skip
+    rows = [r for b in batches for r in b.to_pylist()]
+    assert [r["_reason"] for r in rows] == [
+        None,
+        "order_id: required, but empty",
+        "order_id: required, but empty",
+        "order_id: required, but empty",
+        "n: required, but empty",
+    ]
+    assert rows[1]["_raw_text"] == '{"order_id":"","n":2}'
+    assert rows[1]["order_id"] is None and rows[0]["order_id"] == "o1"
+
+    # raw_text: every row keeps its JSON, valid ones too.
+    kept = list(iter_parquet_file(path, 0, "o.parquet", source.schema, raw_text=True))
+    assert kept[0].to_pylist()[0]["_raw_text"] == '{"order_id":"o1","n":1}'

@@ -372,7 +372,9 @@ def test_registry_errors_are_configuration_errors(modules: Modules, tmp_path: Pa
     quarantined = modules.write(
         "quarantined",
         "from onceflow import quarantine_table\n"
-        + _job_code("JOB", "quarantined", "s_q").replace("),))", "), quarantine_table()))"),
+        + _job_code("JOB", "quarantined", "s_q").replace(
+            "),))", "), quarantine_table()), quarantine_sink='pg_quarantine')"
+        ),
     )
     assert "both have a sink named 'pg_quarantine'" in refused(
         f"onceflow.jobs.payments,{quarantined}"

@@ -25,7 +25,12 @@ are strict, because a value that is silently rounded or guessed lands in a ledge
   after the point (trailing zeros aside) or more than `p - s` before it is invalid, never
   rounded;
 - every value: dates and timestamps must fall in the years 1–9999, and strings must not hold
-  U+0000 (PostgreSQL text cannot store it, so a sink would refuse the row forever).
+  U+0000 (PostgreSQL text cannot store it, so a sink would refuse the row forever);
+- a column the source declares `required` must hold a value: null, empty or only spaces and
+  tabs makes the record invalid (`<column>: required, but empty`), never a `""` key.
+
+With `raw_text` (a job that has a `parse` step on the typed source), `_raw_text` holds every
+record's text, valid ones too, so a record the parse rejects keeps it in the quarantine.
 """
 
 from __future__ import annotations
@@ -233,6 +238,34 @@ def normalise_schema(value: Any, owner: str) -> Schema:
     return Schema(columns)
 
 
+REQUIRED_PROBLEM = "required, but empty"
+
+
+def check_required(required: Any, schema: Schema, owner: str) -> tuple[str, ...]:
+    """Check the columns a typed source declares required; return them as a tuple.
+
+    Raises:
+        ConfigurationError: One is not a column of the schema.
+    """
+    if isinstance(required, str):
+        required = (required,)
+    if not isinstance(required, (list, tuple)) or not all(isinstance(c, str) for c in required):
+        raise ConfigurationError(
+            f"{owner}: required must name columns of the schema, such as ('order_id',)."
+        )
+    for column in required:
+        if column not in schema:
+            raise ConfigurationError(
+                f"{owner}: required column {column!r} is not in the schema ({list(schema)})."
+            )
+    return tuple(dict.fromkeys(required))
+
+
+def is_empty(value: Any) -> bool:
+    """Whether a converted value counts as no value for a required column."""
+    return value is None or (isinstance(value, str) and not value.strip(_TRIM))
+
+
 def check_folder(folder: Any, suffix: Any, owner: str) -> None:
     """Check a landing source's folder and suffix.
 
@@ -309,9 +342,18 @@ def spark_struct(schema: Schema) -> Any:
 
 
 def read_typed(
-    spark: Any, source: type, schema: Schema, root: str, files: list[str], **options: str
+    spark: Any,
+    source: type,
+    schema: Schema,
+    root: str,
+    files: list[str],
+    *,
+    required: Sequence[str] = (),
+    raw_text: bool = False,
+    **options: str,
 ) -> Any:
-    """Read `files` with the typed data source `source` (one partition per file).
+    """Read `files` with the typed data source `source` (one partition per file); `required`
+    columns make a record without a value invalid, `raw_text` keeps every record's text.
 
     Registered on every read: a Spark Connect session can change under us.
     """
@@ -322,6 +364,8 @@ def read_typed(
         .option("root", root)
         .option("files", json.dumps(files))
         .option("schema", schema.to_json())
+        .option("required", json.dumps(list(required)))
+        .option("raw_text", json.dumps(raw_text))
     )
     for key, value in options.items():
         reader = reader.option(key, value)
@@ -566,13 +610,14 @@ class RowBuffer:
     def __len__(self) -> int:
         return len(self._lines)
 
-    def valid(self, line: int, values: Sequence[Any]) -> None:
-        """Add a valid record: one value per declared column, in declared order."""
+    def valid(self, line: int, values: Sequence[Any], raw_text: str | None = None) -> None:
+        """Add a valid record: one value per declared column, in declared order (and its text,
+        when the source keeps every record's)."""
         self._lines.append(line)
         for column, value in zip(self._values, values, strict=True):
             column.append(value)
         self._reasons.append(None)
-        self._raw.append(None)
+        self._raw.append(None if raw_text is None else quarantine_text(raw_text))
 
     def invalid(self, line: int, reason: str, raw_text: str) -> None:
         """Add an invalid record: null values, the reason and the record's text."""

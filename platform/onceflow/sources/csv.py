@@ -25,13 +25,15 @@ How a file becomes records:
   missing or repeated columns. With `header=False` fields come in declared order.
 - A record with a different number of fields than the header (or the schema) is invalid
   ("expected N fields, got M").
+- A `required` column left empty (or only spaces and tabs) makes its record invalid
+  ("order_id: required, but empty").
 """
 
 from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -41,10 +43,13 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from onceflow.errors import ConfigurationError
 from onceflow.sources._typed import (
+    REQUIRED_PROBLEM,
     Invalid,
     RowBuffer,
     Schema,
     check_folder,
+    check_required,
+    is_empty,
     normalise_schema,
     read_typed,
     spark_struct,
@@ -78,6 +83,10 @@ class CsvSource(LandingFiles):
         delimiter: The one character between fields (`,`, `;`, `\\t`, `|`, …).
         header: The first record of each file names the columns (matched by name); without
             a header, fields come in the schema's order.
+        required: Columns that must hold a value: a record whose field is empty (or only
+            spaces and tabs) is invalid, quarantined with the reason, never a `""` key.
+        raw_text: Keep every record's text in `_raw_text`, valid ones too (set by a job whose
+            `parse` step may reject records of this source, so they keep their line).
 
     Raises:
         ConfigurationError: The schema or an option is not usable; the message says what to
@@ -89,6 +98,8 @@ class CsvSource(LandingFiles):
     schema: Mapping[str, str]
     delimiter: str
     header: bool
+    required: tuple[str, ...]
+    raw_text: bool
 
     typed = True
 
@@ -99,6 +110,8 @@ class CsvSource(LandingFiles):
         suffix: str = ".csv",
         delimiter: str = ",",
         header: bool = True,
+        required: Sequence[str] = (),
+        raw_text: bool = False,
     ) -> None:
         owner = f"CsvSource({folder!r})"
         check_folder(folder, suffix, owner)
@@ -114,6 +127,8 @@ class CsvSource(LandingFiles):
         object.__setattr__(self, "schema", normalise_schema(schema, owner))
         object.__setattr__(self, "delimiter", delimiter)
         object.__setattr__(self, "header", header)
+        object.__setattr__(self, "required", check_required(required, self.schema, owner))
+        object.__setattr__(self, "raw_text", bool(raw_text))
 
     def describe(self) -> str:
         return f"CSV landing files `{self.folder}/*{self.suffix}` ({len(self.schema)} columns)"
@@ -122,6 +137,7 @@ class CsvSource(LandingFiles):
         assert isinstance(self.schema, Schema)
         return read_typed(
             spark, _CsvDataSource, self.schema, root.uri, files,
+            required=self.required, raw_text=self.raw_text,
             delimiter=self.delimiter, header=json.dumps(self.header),
         )  # fmt: skip
 
@@ -215,6 +231,8 @@ def iter_csv_file(
     delimiter: str,
     header: bool,
     batch_rows: int = BATCH_ROWS,
+    required: Sequence[str] = (),
+    raw_text: bool = False,
 ) -> Iterator[pa.RecordBatch]:
     """The records of one CSV file as batches of the typed frame.
 
@@ -226,9 +244,12 @@ def iter_csv_file(
         delimiter: The field delimiter.
         header: Whether the first record names the columns.
         batch_rows: Records per batch at most.
+        required: Columns that must hold a value.
+        raw_text: Keep every record's text, valid ones too.
     """
     csv.field_size_limit(_FIELD_SIZE_LIMIT)
     names = [name for name, _ in schema.columns]
+    needed = [name in required for name in names]
     converters = [text_converter(ctype) for _, ctype in schema.columns]
     buffer = RowBuffer(schema, file_idx, source_file, batch_rows)
     layout: list[int] | None = None if header else list(range(len(names)))
@@ -285,15 +306,21 @@ def iter_csv_file(
             if reason is None:
                 assert layout is not None
                 values, problems = [], []
-                for name, convert, index in zip(names, converters, layout, strict=True):
+                for name, convert, index, must in zip(
+                    names, converters, layout, needed, strict=True
+                ):
                     try:
-                        values.append(convert(fields[index]))
+                        value = convert(fields[index])
                     except Invalid as exc:
                         problems.append(f"{name}: {exc}")
+                        continue
+                    if must and is_empty(value):
+                        problems.append(f"{name}: {REQUIRED_PROBLEM}")
+                    values.append(value)
                 if problems:
                     reason = "; ".join(problems)
                 else:
-                    buffer.valid(line, values)
+                    buffer.valid(line, values, text if raw_text else None)
             if reason is not None:
                 buffer.invalid(line, reason, text)
             if len(buffer) >= batch_rows:
@@ -314,6 +341,8 @@ class _CsvReader(DataSourceReader):
         self.schema = Schema.from_json(options["schema"])
         self.delimiter = options["delimiter"]
         self.header: bool = json.loads(options["header"])
+        self.required: list[str] = json.loads(options.get("required", "[]"))
+        self.raw_text: bool = json.loads(options.get("raw_text", "false"))
 
     def partitions(self) -> list[InputPartition]:
         return [FilePartition(i, path) for i, path in enumerate(self.files)]
@@ -330,6 +359,8 @@ class _CsvReader(DataSourceReader):
             self.schema,
             self.delimiter,
             self.header,
+            required=self.required,
+            raw_text=self.raw_text,
         )
 
 

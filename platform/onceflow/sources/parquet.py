@@ -19,9 +19,12 @@ How file columns become declared columns (matched by exact name; extra columns a
   type (a boolean declared `date`, a number declared `string`) makes every row of the file
   invalid, with a reason naming the columns.
 
-`_raw_text` of an invalid row is the row as compact JSON (values through `str` where JSON has no
-type): the declared columns when a value failed, every column of the file when the file's columns
-do not match the schema.
+A `required` column holding null (or, declared `string`, an empty text or only spaces and tabs)
+makes its row invalid ("order_id: required, but empty").
+
+`_raw_text` of an invalid row (of every row, with `raw_text`) is the row as compact JSON (values
+through `str` where JSON has no type): the declared columns when a value failed, every column of
+the file when the file's columns do not match the schema.
 
 A file pyarrow cannot read gives one invalid row at `_source_line` 0 with the reason "not a
 readable Parquet file: <error class>" and an empty `_raw_text`, after any rows read before the
@@ -32,7 +35,7 @@ damage was found (the reason then says from which row). A file that has gone mis
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -46,11 +49,13 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from onceflow.sources._typed import (
     MAX_TIMESTAMP_US,
     MIN_TIMESTAMP_US,
+    REQUIRED_PROBLEM,
     ColumnType,
     Invalid,
     Schema,
     cap_reason,
     check_folder,
+    check_required,
     normalise_schema,
     quarantine_text,
     read_typed,
@@ -78,6 +83,10 @@ class ParquetSource(LandingFiles):
             `timestamp` (UTC) or `decimal(p,s)`. Names are plain identifiers not starting
             with `_`, matched against the file's top-level column names exactly.
         suffix: The file-name ending of input files.
+        required: Columns that must hold a value: a row with null there (or an empty text in
+            a `string` column) is invalid, quarantined with the reason.
+        raw_text: Keep every row as JSON in `_raw_text`, valid ones too (set by a job whose
+            `parse` step may reject rows of this source).
 
     Raises:
         ConfigurationError: The schema or an option is not usable; the message says what to
@@ -87,22 +96,36 @@ class ParquetSource(LandingFiles):
     folder: str
     suffix: str
     schema: Mapping[str, str]
+    required: tuple[str, ...]
+    raw_text: bool
 
     typed = True
 
-    def __init__(self, folder: str, schema: Mapping[str, str], suffix: str = ".parquet") -> None:
+    def __init__(
+        self,
+        folder: str,
+        schema: Mapping[str, str],
+        suffix: str = ".parquet",
+        required: Sequence[str] = (),
+        raw_text: bool = False,
+    ) -> None:
         owner = f"ParquetSource({folder!r})"
         check_folder(folder, suffix, owner)
         object.__setattr__(self, "folder", folder)
         object.__setattr__(self, "suffix", suffix)
         object.__setattr__(self, "schema", normalise_schema(schema, owner))
+        object.__setattr__(self, "required", check_required(required, self.schema, owner))
+        object.__setattr__(self, "raw_text", bool(raw_text))
 
     def describe(self) -> str:
         return f"Parquet landing files `{self.folder}/*{self.suffix}` ({len(self.schema)} columns)"
 
     def read_files(self, spark: SparkSession, root: Location, files: list[str]) -> DataFrame:
         assert isinstance(self.schema, Schema)
-        return read_typed(spark, _ParquetDataSource, self.schema, root.uri, files)
+        return read_typed(
+            spark, _ParquetDataSource, self.schema, root.uri, files,
+            required=self.required, raw_text=self.raw_text,
+        )  # fmt: skip
 
 
 def _family(arrow_type: pa.DataType) -> str:
@@ -325,7 +348,13 @@ def _rows_json(batch: pa.RecordBatch, names: list[str] | None = None) -> list[st
 
 
 def _typed_batch(
-    batch: pa.RecordBatch, first_row: int, schema: Schema, file_idx: int, source_file: str
+    batch: pa.RecordBatch,
+    first_row: int,
+    schema: Schema,
+    file_idx: int,
+    source_file: str,
+    required: Sequence[str] = (),
+    raw_text: bool = False,
 ) -> pa.RecordBatch:
     n = batch.num_rows
     columns: list[pa.Array] = []
@@ -333,13 +362,21 @@ def _typed_batch(
     for name, ctype in schema.columns:
         values, bad = _convert(batch.column(name), ctype)
         columns.append(values)
+        if name in required:
+            empty = pc.is_null(values)
+            if ctype.kind == "string":
+                empty = pc.or_(empty, pc.equal(pc.utf8_trim(values, " \t"), ""))
+            for i in pc.indices_nonzero(empty.fill_null(True)).to_pylist():
+                bad.setdefault(i, REQUIRED_PROBLEM)
         for i, problem in bad.items():
             problems.setdefault(i, []).append(f"{name}: {problem}")
     reasons: list[str | None] = [None] * n
     raw: list[str | None] = [None] * n
+    names = [name for name, _ in schema.columns]
+    if raw_text:
+        raw = list(_rows_json(batch, names))
     if problems:
         rows = sorted(problems)
-        names = [name for name, _ in schema.columns]
         texts = _rows_json(batch.take(pa.array(rows, pa.int64())), names)
         for i, text in zip(rows, texts, strict=True):
             reasons[i] = cap_reason("; ".join(problems[i]))
@@ -373,6 +410,8 @@ def iter_parquet_file(
     source_file: str,
     schema: Schema,
     batch_rows: int = BATCH_ROWS,
+    required: Sequence[str] = (),
+    raw_text: bool = False,
 ) -> Iterator[pa.RecordBatch]:
     """The rows of one Parquet file as batches of the typed frame.
 
@@ -382,6 +421,8 @@ def iter_parquet_file(
         source_file: Its path relative to the landing root.
         schema: The declared columns.
         batch_rows: Rows per batch at most.
+        required: Columns that must hold a value.
+        raw_text: Keep every row's JSON, valid ones too.
 
     Raises:
         OSError: The file cannot be opened (gone, not permitted): the task fails rather than
@@ -417,7 +458,9 @@ def iter_parquet_file(
             if problem:
                 yield _invalid_batch(batch, rows_done, schema, file_idx, source_file, problem)
             else:
-                yield _typed_batch(batch, rows_done, schema, file_idx, source_file)
+                yield _typed_batch(
+                    batch, rows_done, schema, file_idx, source_file, required, raw_text
+                )
             rows_done += batch.num_rows
     finally:
         handle.close()
@@ -443,6 +486,8 @@ class _ParquetReader(DataSourceReader):
         self.root = options["root"]
         self.files: list[str] = json.loads(options["files"])
         self.schema = Schema.from_json(options["schema"])
+        self.required: list[str] = json.loads(options.get("required", "[]"))
+        self.raw_text: bool = json.loads(options.get("raw_text", "false"))
 
     def partitions(self) -> list[InputPartition]:
         return [FilePartition(i, path) for i, path in enumerate(self.files)]
@@ -457,6 +502,8 @@ class _ParquetReader(DataSourceReader):
             partition.index,
             partition.path,
             self.schema,
+            required=self.required,
+            raw_text=self.raw_text,
         )
 
 

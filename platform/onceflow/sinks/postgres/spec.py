@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from onceflow._identifiers import check_identifier
 from onceflow.errors import ConfigurationError
@@ -26,6 +26,63 @@ SPARK_TYPES: dict[str, str] = {
 }
 PG_TYPES = frozenset(SPARK_TYPES)
 MODES = ("append", "upsert", "accumulate")
+# A typed source's column types (`onceflow.sources._typed`) as the sink column types they map to,
+# so a column is typed in one vocabulary: `decimal(p,s)` is stored as numeric.
+_FROM_SOURCE_TYPES: dict[str, str] = {
+    "string": "text",
+    "bigint": "bigint",
+    "int": "integer",
+    "double": "double precision",
+    "boolean": "boolean",
+    "date": "date",
+    "timestamp": "timestamptz",
+    "decimal": "numeric",
+}
+
+
+def sink_type(declared: str, where: str) -> str:
+    """The PostgreSQL type of a declared column type: one of `PG_TYPES`, or a typed source's
+    type (`string`, `int`, `double`, `timestamp`, `decimal(p,s)`, …), mapped.
+
+    Raises:
+        ConfigurationError: Neither vocabulary knows it.
+    """
+    from onceflow.sources._typed import parse_type
+
+    if isinstance(declared, str):
+        norm = " ".join(declared.strip().lower().split())
+        if norm in PG_TYPES:
+            return norm
+        try:
+            return _FROM_SOURCE_TYPES[parse_type(norm, where).kind]
+        except ConfigurationError:
+            pass
+    raise ConfigurationError(
+        f"{where} has type {declared!r}; use one of {sorted(PG_TYPES)}, or a source type "
+        "(string, bigint, int, double, boolean, date, timestamp, decimal(p,s))."
+    )
+
+
+def _column_pairs(columns: Any, sink: str) -> list[tuple[str, str | None]]:
+    """`columns` as (name, type or None) pairs: a mapping, or a sequence of names and
+    (name, type) pairs; None: the type is the source column's."""
+    if isinstance(columns, Mapping):
+        return list(columns.items())
+    if isinstance(columns, (list, tuple)):
+        pairs: list[tuple[str, str | None]] = []
+        for item in columns:
+            if isinstance(item, str):
+                pairs.append((item, None))
+            elif isinstance(item, (list, tuple)) and len(item) == 2:
+                pairs.append((item[0], item[1]))
+            else:
+                break
+        else:
+            return pairs
+    raise ConfigurationError(
+        f"sink {sink}: columns must map names to types ({{'id': 'text'}}), or list names (typed "
+        "as the source's columns) and (name, type) pairs."
+    )
 
 
 def arrow_type(pg_type: str) -> pa.DataType:
@@ -59,7 +116,10 @@ class PostgresSink(SinkSpec):
         name: The sink's name.
         output: The transform output it receives.
         table: The table's name.
-        columns: Column name → PostgreSQL type (one of `PG_TYPES`), in table order.
+        columns: Column name → type, in table order: a PostgreSQL type (one of `PG_TYPES`) or
+            a typed source's (`string` is text, `timestamp` timestamptz, `decimal(p,s)`
+            numeric, …). A column given without a type (a name in a list, or None in a
+            mapping) has its source column's type, filled in when the job loads.
         key: The primary key; needed by `upsert` and `accumulate`.
         mode: `append` (insert), `upsert` (insert or replace by `key`), `accumulate` (add the
             `accumulate` columns into the row with the same key; a row whose accumulated
@@ -85,20 +145,18 @@ class PostgresSink(SinkSpec):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        object.__setattr__(self, "columns", dict(self.columns))
+        columns: dict[str, str | None] = {}
+        for column, declared in _column_pairs(self.columns, self.name):
+            check_identifier(column, f"sink {self.name}: column")
+            where = f"sink {self.name}: column {column}"
+            columns[column] = None if declared is None else sink_type(declared, where)
+        object.__setattr__(self, "columns", columns)
         object.__setattr__(self, "key", tuple(self.key))
         object.__setattr__(self, "accumulate", tuple(self.accumulate))
         check_identifier(self.schema, f"sink {self.name}: schema")
         check_identifier(self.table, f"sink {self.name}: table")
         if not self.columns:
             raise ConfigurationError(f"sink {self.name}: declare its columns.")
-        for column, pg_type in self.columns.items():
-            check_identifier(column, f"sink {self.name}: column")
-            if pg_type not in PG_TYPES:
-                raise ConfigurationError(
-                    f"sink {self.name}: column {column} has type {pg_type!r}; use one of "
-                    f"{sorted(PG_TYPES)}."
-                )
         if self.mode not in MODES:
             raise ConfigurationError(
                 f"sink {self.name}: mode {self.mode!r} is unknown; use append, upsert or accumulate."
@@ -137,6 +195,19 @@ class PostgresSink(SinkSpec):
 
     def declared_columns(self) -> tuple[tuple[str, str], ...]:
         return tuple(self.columns.items())
+
+    @property
+    def untyped_columns(self) -> list[str]:
+        """Columns declared without a type (to take their source column's)."""
+        return [c for c, t in self.columns.items() if t is None]
+
+    def typed(self, types: Mapping[str, str]) -> PostgresSink:
+        """This sink with the types of its untyped columns from `types` (source types)."""
+        columns = {
+            c: t if t is not None else sink_type(types[c], f"sink {self.name}: column {c}")
+            for c, t in self.columns.items()
+        }
+        return replace(self, columns=columns)
 
 
 QUARANTINE_COLUMNS: dict[str, str] = {
