@@ -5,7 +5,8 @@ One run per landed file pays a run's start on every file (queueing, a run worker
 Spark session); a follow run pays it once and then commits a file within seconds of it
 landing. Each committed window is reported as it commits: one materialisation per sink asset,
 with the window's metadata. The quality suites run between commits, never during one, at most
-every `check_every_s`, and report as the sinks' `quality` check.
+every `check_every_s`, and report as the sinks' `quality` check; the freshness check
+(`input_planned_in_time`) is evaluated with them, so every check of the sinks is.
 
 The protocol is the engine's own `Engine.run(follow=True)`: nothing here decides what is
 committed. A follow run killed at any point is replayed like any crashed run.
@@ -35,11 +36,12 @@ from dagster import (
 from dagster import job as dagster_job
 from pydantic import Field
 
-from assets.catalog import LINEAGE_WINDOWS, lineage_table
-from assets.checks import CHECK_NAME, run_quality
+from assets.catalog import LINEAGE_WINDOWS, lineage_table, lineage_view
+from assets.checks import CHECK_NAME, FRESHNESS_CHECK, run_freshness, run_quality
 from assets.runs import (
     TRANSIENT_RETRY_POLICY,
     RunReport,
+    at_boundary,
     iter_at_boundary,
     make_engine,
     sink_metadata,
@@ -120,8 +122,10 @@ def build_follow_job(
         postgres: PostgresResource,
         onceflow: OnceflowSettingsResource,
     ) -> Iterator[Any]:
-        engine = make_engine(job, spark, postgres, onceflow)
-        yield from iter_at_boundary(_follow_events(context, config, engine, keys, waits_for))
+        engine = at_boundary(make_engine, context)(job, spark, postgres, onceflow)
+        yield from iter_at_boundary(
+            _follow_events(context, config, engine, keys, waits_for), context
+        )
 
     @dagster_job(
         name=follow_job_name(job),
@@ -257,13 +261,16 @@ def _window_events(
                 "lineage": lineage_table(
                     recent, spec, {w: r for w, name, r in gaps if name == spec.name}
                 ),
+                "lineage_view": lineage_view(engine.job.name),
             },
             tags={DATA_VERSION_TAG: str(version)} if version is not None else None,
         )
 
 
 class _Checker:
-    """Runs the quality suites on the engine's thread, between commits, when they are due."""
+    """Runs the sink assets' checks on the engine's thread, between commits, when they are due:
+    the quality suites and the freshness check, so a follow run evaluates every check of the
+    assets it materialises."""
 
     def __init__(
         self,
@@ -295,6 +302,18 @@ class _Checker:
                     metadata=outcome.metadata,
                     severity=AssetCheckSeverity.ERROR,
                     description=outcome.description,
+                )
+            )
+        fresh = run_freshness(self._engine)
+        for key in self._keys.values():
+            self._emit(
+                AssetCheckEvaluation(
+                    asset_key=key,
+                    check_name=FRESHNESS_CHECK,
+                    passed=fresh.passed,
+                    metadata=fresh.metadata,
+                    severity=fresh.severity,
+                    description=fresh.description,
                 )
             )
 
