@@ -26,6 +26,7 @@ from dagster import (
     AssetKey,
     AssetMaterialization,
     Config,
+    DagsterExecutionInterruptedError,
     DagsterRunStatus,
     JobDefinition,
     OpExecutionContext,
@@ -51,7 +52,7 @@ from onceflow.job import Job
 from onceflow.lineage import lineage
 from resources import OnceflowSettingsResource, PostgresResource, SparkResource
 from resources._annotations import typed
-from sensors.failure import JOB_TAG, KIND_TAG
+from sensors.failure import INTERRUPTED, JOB_TAG, KIND_TAG, MAX_RETRIES_TAG
 from sensors.new_data import FOLLOW_END_TAG, MADE_WAY
 from sensors.observation import DATA_VERSION_TAG
 
@@ -122,6 +123,11 @@ def build_follow_job(
         postgres: PostgresResource,
         onceflow: OnceflowSettingsResource,
     ) -> Iterator[Any]:
+        if context.dagster_run.tags.get(FOLLOW_END_TAG) == INTERRUPTED:
+            # A step retry after an interrupt (its retry policy retries interrupts that reach
+            # Dagster's frames): the interrupt meant stop, and the window is committed.
+            context.log.info("this follow run was interrupted; not following again")
+            return
         engine = at_boundary(make_engine, context)(job, spark, postgres, onceflow)
         yield from iter_at_boundary(
             _follow_events(context, config, engine, keys, waits_for), context
@@ -195,6 +201,7 @@ def _follow_events(
     worker = threading.Thread(target=work, name=f"onceflow-follow-{engine.job.name}", daemon=True)
     worker.start()
     last_look = time.monotonic()
+    interrupted = False
     try:
         while True:
             try:
@@ -219,11 +226,27 @@ def _follow_events(
             elif (since := idle_since[0]) and now - since >= config.stop_after_idle_s > 0:
                 context.log.info(f"no new input for {config.stop_after_idle_s:g}s: ending")
                 stop.set()
+    except (KeyboardInterrupt, DagsterExecutionInterruptedError, GeneratorExit) as exc:
+        # SIGTERM/SIGINT to the run worker (`make dev` stopping, a UI termination), raised
+        # here or in Dagster's frames (which then close this generator): stop after the
+        # window, and end the run without a retry (the step's retry policy would retry it, on
+        # a Spark server that is stopping too).
+        interrupted = True
+        _mark_interrupted(context)
+        if isinstance(exc, GeneratorExit):
+            stop.set()
+            _join(worker, STOP_TIMEOUT_S)
+            raise
     finally:
-        # Terminated from the UI, or failing: the engine stops after the window it is in. A
+        # Terminated, interrupted or failing: the engine stops after the window it is in. A
         # window is seconds; an engine stuck past this bound dies with the run's process.
         stop.set()
-        worker.join(STOP_TIMEOUT_S)
+        _join(worker, STOP_TIMEOUT_S)
+    if interrupted:
+        context.log.info(f"{engine.job.name}: interrupted; stopped after the current window")
+        if failure:
+            context.log.warning(f"the engine ended with {type(failure[0]).__name__}")
+        return
     if failure:
         raise failure[0]
     if worker.is_alive():
@@ -238,6 +261,26 @@ def _follow_events(
 
 
 _DONE = object()
+
+
+def _join(worker: threading.Thread, timeout_s: float) -> None:
+    """Wait for the engine's thread, through further interrupts (a second Ctrl-C, the SIGINT
+    after a SIGTERM): the engine is already told to stop after its window."""
+    deadline = time.monotonic() + timeout_s
+    while worker.is_alive() and time.monotonic() < deadline:
+        try:
+            worker.join(min(1.0, max(0.0, deadline - time.monotonic())))
+        except (KeyboardInterrupt, DagsterExecutionInterruptedError):
+            continue
+
+
+def _mark_interrupted(context: OpExecutionContext) -> None:
+    """Tag the run as ended by an interrupt, so neither the step's retry policy (see the op),
+    Dagster's run retries (`dagster/max_retries=0`) nor the failure sensor runs it again; the
+    new-data sensor starts a follow run when input waits."""
+    context.instance.add_run_tags(
+        context.run_id, {FOLLOW_END_TAG: INTERRUPTED, MAX_RETRIES_TAG: "0"}
+    )
 
 
 def _window_events(

@@ -35,6 +35,9 @@ MAX_RETRIES_TAG = "dagster/max_retries"
 # Set on a run that failed with a terminal error (`onceflow.errors.is_terminal`); the value is
 # the run's own id, so a re-execution, which inherits its parent's tags, is not taken for one.
 TERMINAL_TAG = "onceflow/terminal_failure"
+# A follow run's end (`sensors.new_data` reads it too); `interrupted`: stopped by a signal.
+FOLLOW_END_TAG = "onceflow/follow_end"
+INTERRUPTED = "interrupted"
 # Runs updated this close to the cursor are read again (and deduplicated), so two failures
 # stored with the same timestamp are never split across the cursor.
 OVERLAP = timedelta(seconds=1)
@@ -107,7 +110,11 @@ def build_failure_sensor(
             newest = max(newest, updated) if newest else updated
             if run.run_id in seen:
                 continue
-            if run.tags.get(KIND_TAG) == "recovery" or run.tags.get(TERMINAL_TAG) == run.run_id:
+            if (
+                run.tags.get(KIND_TAG) == "recovery"
+                or run.tags.get(TERMINAL_TAG) == run.run_id
+                or run.tags.get(FOLLOW_END_TAG) == INTERRUPTED
+            ):
                 # Never recovered, retried or not: no verdict to wait for. A terminal error
                 # fails a recovery the same way; its message names the fix.
                 seen.add(run.run_id)
