@@ -122,16 +122,29 @@ def build_follow_job(
         spark: SparkResource,
         postgres: PostgresResource,
         onceflow: OnceflowSettingsResource,
-    ) -> Iterator[Any]:
+    ) -> None:
+        # Not a generator: the events are logged from here, so the whole step runs inside
+        # Dagster's interrupt boundary and SIGTERM/SIGINT always lands in this frame or below
+        # (a generator's interrupt can be raised in Dagster's frames between two events, where
+        # nothing stops the engine and the retry policy retries the step).
         if context.dagster_run.tags.get(FOLLOW_END_TAG) == INTERRUPTED:
-            # A step retry after an interrupt (its retry policy retries interrupts that reach
-            # Dagster's frames): the interrupt meant stop, and the window is committed.
             context.log.info("this follow run was interrupted; not following again")
             return
-        engine = at_boundary(make_engine, context)(job, spark, postgres, onceflow)
-        yield from iter_at_boundary(
-            _follow_events(context, config, engine, keys, waits_for), context
-        )
+        events: Iterator[Any] | None = None
+        try:
+            engine = at_boundary(make_engine, context)(job, spark, postgres, onceflow)
+            events = _follow_events(context, config, engine, keys, waits_for)
+            for event in iter_at_boundary(events, context):
+                context.log_event(event)
+        except (KeyboardInterrupt, DagsterExecutionInterruptedError):
+            # `make dev` stopping, or a termination from the UI: the engine stops after the
+            # window it is in (closing `events` waits for it), and the run ends without a
+            # retry: the step's retry policy would retry the interrupt, on a Spark server that
+            # is stopping too.
+            _mark_interrupted(context)
+            if events is not None:
+                _close(events)
+            context.log.info(f"{job.name}: interrupted; stopped after the current window")
 
     @dagster_job(
         name=follow_job_name(job),
@@ -201,7 +214,6 @@ def _follow_events(
     worker = threading.Thread(target=work, name=f"onceflow-follow-{engine.job.name}", daemon=True)
     worker.start()
     last_look = time.monotonic()
-    interrupted = False
     try:
         while True:
             try:
@@ -226,27 +238,11 @@ def _follow_events(
             elif (since := idle_since[0]) and now - since >= config.stop_after_idle_s > 0:
                 context.log.info(f"no new input for {config.stop_after_idle_s:g}s: ending")
                 stop.set()
-    except (KeyboardInterrupt, DagsterExecutionInterruptedError, GeneratorExit) as exc:
-        # SIGTERM/SIGINT to the run worker (`make dev` stopping, a UI termination), raised
-        # here or in Dagster's frames (which then close this generator): stop after the
-        # window, and end the run without a retry (the step's retry policy would retry it, on
-        # a Spark server that is stopping too).
-        interrupted = True
-        _mark_interrupted(context)
-        if isinstance(exc, GeneratorExit):
-            stop.set()
-            _join(worker, STOP_TIMEOUT_S)
-            raise
     finally:
         # Terminated, interrupted or failing: the engine stops after the window it is in. A
         # window is seconds; an engine stuck past this bound dies with the run's process.
         stop.set()
         _join(worker, STOP_TIMEOUT_S)
-    if interrupted:
-        context.log.info(f"{engine.job.name}: interrupted; stopped after the current window")
-        if failure:
-            context.log.warning(f"the engine ended with {type(failure[0]).__name__}")
-        return
     if failure:
         raise failure[0]
     if worker.is_alive():
@@ -270,6 +266,17 @@ def _join(worker: threading.Thread, timeout_s: float) -> None:
     while worker.is_alive() and time.monotonic() < deadline:
         try:
             worker.join(min(1.0, max(0.0, deadline - time.monotonic())))
+        except (KeyboardInterrupt, DagsterExecutionInterruptedError):
+            continue
+
+
+def _close(events: Iterator[Any]) -> None:
+    """Close the events' generator (stopping the engine after its window and waiting for it),
+    through further interrupts."""
+    while True:
+        try:
+            events.close()  # type: ignore[attr-defined]
+            return
         except (KeyboardInterrupt, DagsterExecutionInterruptedError):
             continue
 

@@ -43,14 +43,21 @@ def _all_in(probe: LedgerProbe) -> bool:
     return not work.unplanned and not work.pending_windows
 
 
+def _cmdline(proc: psutil.Process) -> str:
+    try:
+        return " ".join(proc.cmdline())
+    except psutil.Error:  # ended meanwhile, or a zombie
+        return ""
+
+
 def _alive(procs: list[psutil.Process]) -> list[str]:
     """The processes of `procs` still running (a zombie has ended: only its entry is left)."""
     alive = []
     for proc in procs:
         try:
             if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
-                alive.append(f"{proc.pid} {' '.join(proc.cmdline())[:120]}")
-        except psutil.NoSuchProcess:
+                alive.append(f"{proc.pid} {_cmdline(proc)[:120]}")
+        except psutil.Error:
             pass
     return alive
 
@@ -99,8 +106,9 @@ def test_sigterm_to_make_dev_ends_follow_runs_after_their_window_and_stops_every
                 DONE_TIMEOUT_S,
                 0.1,
             )
-            tree = [psutil.Process(dev.proc.pid), *psutil.Process(dev.proc.pid).children(True)]
-            names = " ".join(" ".join(p.cmdline()) for p in tree)
+            root = psutil.Process(dev.proc.pid)
+            tree = [root, *root.children(recursive=True)]
+            names = " ".join(_cmdline(p) for p in tree)
             assert "spark-server" in names and "dagster_webserver" in names, names
             os.killpg(dev.proc.pid, signal.SIGTERM)
             started = time.monotonic()
