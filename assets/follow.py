@@ -108,7 +108,7 @@ def build_follow_job(
     @op(
         name=f"{job.name}_follow",
         tags={JOB_TAG: job.name},
-        out={},  # it reports materialisations and check evaluations, and returns nothing
+        # No outputs (`-> None`): it logs materialisations and check evaluations.
         pool=pool,
         retry_policy=TRANSIENT_RETRY_POLICY,
         description=(
