@@ -55,21 +55,24 @@ def table_metadata(facts: TableFacts | None) -> dict[str, Any]:
     return out
 
 
+# Few, narrow columns, so the table fits the asset page. The full row of each window (every
+# sink's commit, the counts, the latest checks) is in `lineage_view`'s query and `onceflow
+# status JOB --json`. No column for checks: the table is written when a window commits, before
+# the checks run; the quality check's own result (`through_window`) says what it covered.
 LINEAGE_SCHEMA = TableSchema(
     columns=[
         TableColumn("window", "int", description="the window id"),
-        TableColumn("input", "string", description="the window's offsets, short"),
+        TableColumn("input", "string", description="the window's input, short"),
         TableColumn("rows_in", "int", description="records read"),
-        TableColumn("rows_out", "int", description="valid records kept"),
-        TableColumn("duplicates", "int"),
-        TableColumn("quarantined", "int"),
         TableColumn("rows", "int", description="rows this sink received for the window"),
-        TableColumn("delta_version", "int", description="Delta version holding the window"),
-        TableColumn("pg_xid", "string", description="PostgreSQL transaction that committed it"),
-        TableColumn("checks", "string", description="latest quality checks covering it"),
+        TableColumn(
+            "commit", "string", description="Delta version, or PostgreSQL transaction, holding it"
+        ),
         TableColumn("state", "string"),
     ]
 )
+# Longest text of the input column; longer offsets are cut (the full ones are in the view).
+INPUT_CHARS = 40
 
 
 def lineage_table(
@@ -79,30 +82,22 @@ def lineage_table(
     `abandoned`: window → reason of the windows abandoned for this sink (a known gap)."""
     records = []
     for row in rows:
-        if row.checks_passed is None:
-            checks = "not checked yet"
-        elif row.checks_passed:
-            checks = f"passed ({row.checks})"
-        else:
-            checks = f"FAILED {row.checks_failed} of {row.checks}"
         state = "completed" if row.completed_at is not None else "pending"
         if row.skipped is not None:
             state = f"skipped: {row.skipped}"
         elif abandoned and row.window_id in abandoned:
             state = f"abandoned here (a known gap): {abandoned[row.window_id]}"
+        version = row.delta_versions.get(sink.name)
+        xid = row.pg_xids.get(sink.name)
+        commit = f"v{version}" if version is not None else (f"xid {xid}" if xid else None)
         records.append(
             TableRecord(
                 {
                     "window": row.window_id,
                     "input": _offsets_text(row.offsets),
                     "rows_in": row.rows_in,
-                    "rows_out": row.rows_out,
-                    "duplicates": row.duplicates,
-                    "quarantined": row.quarantined,
                     "rows": row.pg_rows.get(sink.name, row.rows_by_output.get(sink.output)),
-                    "delta_version": row.delta_versions.get(sink.name),
-                    "pg_xid": row.pg_xids.get(sink.name),
-                    "checks": checks,
+                    "commit": commit,
                     "state": state,
                 }
             )
@@ -110,15 +105,27 @@ def lineage_table(
     return MetadataValue.table(records, schema=LINEAGE_SCHEMA)
 
 
+def lineage_view(job: str) -> MetadataValue:
+    """Where the full lineage of `job` is: every column of every window, checks included."""
+    return MetadataValue.md(
+        f"`onceflow status {job} --json` (its `lineage`), or the PostgreSQL view "
+        f"`onceflow.lineage`, rows with `job` = `{job}`"
+    )
+
+
 def _offsets_text(offsets: dict[str, Any]) -> str:
+    """A window's offsets in a few words: a list as its length and ends (file names without
+    their folders), cut to `INPUT_CHARS`."""
     parts = []
     for key, value in offsets.items():
         if isinstance(value, list):
-            ends = f"{value[0]} … {value[-1]}" if len(value) > 1 else (value[0] if value else "")
-            parts.append(f"{key}: {len(value)} ({ends})")
+            names = [str(v).rsplit("/", 1)[-1] for v in value]
+            ends = f"{names[0]} … {names[-1]}" if len(names) > 1 else (names[0] if names else "")
+            parts.append(f"{key}: {len(value)} ({ends})" if len(value) > 1 else f"{key}: {ends}")
         else:
             parts.append(f"{key}: {value}")
-    return "; ".join(parts)
+    text = "; ".join(parts)
+    return text if len(text) <= INPUT_CHARS else text[: INPUT_CHARS - 1] + "…"
 
 
 def freshness_policy(job: Job) -> FreshnessPolicy:

@@ -103,6 +103,9 @@ def run_quality(job: Job, engine: Engine, sinks: Iterable[str]) -> list[QualityO
             "seconds": MetadataValue.float(
                 round(_suite_seconds(report.timings, job.name, sink), 3)
             ),
+            # The windows the result speaks for: every one up to this (the lineage view's
+            # `checks` columns of those windows follow this result).
+            "through_window": MetadataValue.int(report.through_window),
         }
         if report.data_docs:
             metadata["data_docs"] = MetadataValue.path(report.data_docs)
@@ -154,42 +157,63 @@ def build_freshness_checks(job: Job, keys: Sequence[AssetKey]) -> list[AssetChec
         postgres: PostgresResource,
         onceflow: OnceflowSettingsResource,
     ) -> Iterator[AssetCheckResult]:
-        from onceflow.status import changed_input_message, freshness
-
         settings = onceflow.settings()
         engine = build_engine(job, settings, None, postgres.resolve(settings.home))
-        found = freshness(engine)
-        age = found.oldest_unplanned_age_s
-        stale = (
-            None
-            if found.fresh
-            else (
-                f"{found.unplanned} input unit(s) unplanned, the oldest for {age or 0:.0f}s "
-                f"(bound {found.bound_s:g}s): no run has taken them."
-            )
-        )
-        # Committed input that changed is a warning: nothing waits, but a change is lost.
-        changed = changed_input_message(job.name, found.changed) if found.changed else None
-        description = " ".join(text for text in (stale, changed) if text) or None
+        found = run_freshness(engine)
         for key in context.selected_asset_check_keys:
             yield AssetCheckResult(
                 asset_key=key.asset_key,
                 check_name=FRESHNESS_CHECK,
-                passed=found.fresh and not found.changed,
-                severity=AssetCheckSeverity.ERROR if not found.fresh else AssetCheckSeverity.WARN,
-                description=description,
-                metadata={
-                    "unplanned_units": MetadataValue.int(found.unplanned),
-                    "oldest_unplanned_age_s": MetadataValue.float(round(float(age or 0.0), 1)),
-                    "freshness_s": MetadataValue.float(float(found.bound_s)),
-                    "changed_units": MetadataValue.int(len(found.changed)),
-                    "changed": MetadataValue.json(
-                        [
-                            {"unit": c.unit, "window_id": c.window_id, "detail": c.detail}
-                            for c in found.changed[:20]
-                        ]
-                    ),
-                },
+                passed=found.passed,
+                severity=found.severity,
+                description=found.description,
+                metadata=found.metadata,
             )
 
     return [_freshness]
+
+
+@dataclass(frozen=True)
+class FreshnessOutcome:
+    """The freshness check's result, the same for every sink asset of a job."""
+
+    passed: bool
+    severity: AssetCheckSeverity
+    description: str | None
+    metadata: dict[str, Any]
+
+
+def run_freshness(engine: Engine) -> FreshnessOutcome:
+    """Evaluate the freshness check on `engine` (no Spark needed): stale input is an error,
+    committed input that changed since is a warning."""
+    from onceflow.status import changed_input_message, freshness
+
+    found = freshness(engine)
+    age = found.oldest_unplanned_age_s
+    stale = (
+        None
+        if found.fresh
+        else (
+            f"{found.unplanned} input unit(s) unplanned, the oldest for {age or 0:.0f}s "
+            f"(bound {found.bound_s:g}s): no run has taken them."
+        )
+    )
+    # Committed input that changed is a warning: nothing waits, but a change is lost.
+    changed = changed_input_message(engine.job.name, found.changed) if found.changed else None
+    return FreshnessOutcome(
+        passed=found.fresh and not found.changed,
+        severity=AssetCheckSeverity.ERROR if not found.fresh else AssetCheckSeverity.WARN,
+        description=" ".join(text for text in (stale, changed) if text) or None,
+        metadata={
+            "unplanned_units": MetadataValue.int(found.unplanned),
+            "oldest_unplanned_age_s": MetadataValue.float(round(float(age or 0.0), 1)),
+            "freshness_s": MetadataValue.float(float(found.bound_s)),
+            "changed_units": MetadataValue.int(len(found.changed)),
+            "changed": MetadataValue.json(
+                [
+                    {"unit": c.unit, "window_id": c.window_id, "detail": c.detail}
+                    for c in found.changed[:20]
+                ]
+            ),
+        },
+    )

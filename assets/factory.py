@@ -35,6 +35,7 @@ from assets.catalog import (
     definition_metadata,
     freshness_policy,
     lineage_table,
+    lineage_view,
     table_metadata,
 )
 from assets.checks import CHECK_NAME, build_freshness_checks, build_quality_checks
@@ -227,6 +228,7 @@ def _sink_assets(job: Job, upstream: AssetKey, observed: AssetKey | None) -> Ass
                         **items,
                         **table_metadata(group.table_facts(sink.name)),
                         "lineage": lineage_table(recent, sink, abandoned),
+                        "lineage_view": lineage_view(job.name),
                     },
                     data_version=DataVersion(str(version)) if version is not None else None,
                 )
@@ -251,7 +253,7 @@ def _sink_assets(job: Job, upstream: AssetKey, observed: AssetKey | None) -> Ass
         onceflow: OnceflowSettingsResource,
     ) -> Iterator[MaterializeResult]:
         # One boundary around the whole step: only errors the core marks transient are retried.
-        yield from at_boundary(materialize_all)(context, config, spark, postgres, onceflow)
+        yield from at_boundary(materialize_all, context)(context, config, spark, postgres, onceflow)
 
     return _run
 
@@ -335,7 +337,7 @@ def _recovery_asset(job: Job, sinks: AssetsDefinition) -> AssetsDefinition:
         postgres: PostgresResource,
         onceflow: OnceflowSettingsResource,
     ) -> MaterializeResult:
-        return at_boundary(recover)(context, config, spark, postgres, onceflow)
+        return at_boundary(recover, context)(context, config, spark, postgres, onceflow)
 
     return _recover
 

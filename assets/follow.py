@@ -5,7 +5,8 @@ One run per landed file pays a run's start on every file (queueing, a run worker
 Spark session); a follow run pays it once and then commits a file within seconds of it
 landing. Each committed window is reported as it commits: one materialisation per sink asset,
 with the window's metadata. The quality suites run between commits, never during one, at most
-every `check_every_s`, and report as the sinks' `quality` check.
+every `check_every_s`, and report as the sinks' `quality` check; the freshness check
+(`input_planned_in_time`) is evaluated with them, so every check of the sinks is.
 
 The protocol is the engine's own `Engine.run(follow=True)`: nothing here decides what is
 committed. A follow run killed at any point is replayed like any crashed run.
@@ -25,6 +26,7 @@ from dagster import (
     AssetKey,
     AssetMaterialization,
     Config,
+    DagsterExecutionInterruptedError,
     DagsterRunStatus,
     JobDefinition,
     OpExecutionContext,
@@ -35,11 +37,12 @@ from dagster import (
 from dagster import job as dagster_job
 from pydantic import Field
 
-from assets.catalog import LINEAGE_WINDOWS, lineage_table
-from assets.checks import CHECK_NAME, run_quality
+from assets.catalog import LINEAGE_WINDOWS, lineage_table, lineage_view
+from assets.checks import CHECK_NAME, FRESHNESS_CHECK, run_freshness, run_quality
 from assets.runs import (
     TRANSIENT_RETRY_POLICY,
     RunReport,
+    at_boundary,
     iter_at_boundary,
     make_engine,
     sink_metadata,
@@ -49,7 +52,7 @@ from onceflow.job import Job
 from onceflow.lineage import lineage
 from resources import OnceflowSettingsResource, PostgresResource, SparkResource
 from resources._annotations import typed
-from sensors.failure import JOB_TAG, KIND_TAG
+from sensors.failure import INTERRUPTED, JOB_TAG, KIND_TAG, MAX_RETRIES_TAG
 from sensors.new_data import FOLLOW_END_TAG, MADE_WAY
 from sensors.observation import DATA_VERSION_TAG
 
@@ -105,7 +108,7 @@ def build_follow_job(
     @op(
         name=f"{job.name}_follow",
         tags={JOB_TAG: job.name},
-        out={},  # it reports materialisations and check evaluations, and returns nothing
+        # No outputs (`-> None`): it logs materialisations and check evaluations.
         pool=pool,
         retry_policy=TRANSIENT_RETRY_POLICY,
         description=(
@@ -119,9 +122,29 @@ def build_follow_job(
         spark: SparkResource,
         postgres: PostgresResource,
         onceflow: OnceflowSettingsResource,
-    ) -> Iterator[Any]:
-        engine = make_engine(job, spark, postgres, onceflow)
-        yield from iter_at_boundary(_follow_events(context, config, engine, keys, waits_for))
+    ) -> None:
+        # Not a generator: the events are logged from here, so the whole step runs inside
+        # Dagster's interrupt boundary and SIGTERM/SIGINT always lands in this frame or below
+        # (a generator's interrupt can be raised in Dagster's frames between two events, where
+        # nothing stops the engine and the retry policy retries the step).
+        if context.dagster_run.tags.get(FOLLOW_END_TAG) == INTERRUPTED:
+            context.log.info("this follow run was interrupted; not following again")
+            return
+        events: Iterator[Any] | None = None
+        try:
+            engine = at_boundary(make_engine, context)(job, spark, postgres, onceflow)
+            events = _follow_events(context, config, engine, keys, waits_for)
+            for event in iter_at_boundary(events, context):
+                context.log_event(event)
+        except (KeyboardInterrupt, DagsterExecutionInterruptedError):
+            # `make dev` stopping, or a termination from the UI: the engine stops after the
+            # window it is in (closing `events` waits for it), and the run ends without a
+            # retry: the step's retry policy would retry the interrupt, on a Spark server that
+            # is stopping too.
+            _mark_interrupted(context)
+            if events is not None:
+                _close(events)
+            context.log.info(f"{job.name}: interrupted; stopped after the current window")
 
     @dagster_job(
         name=follow_job_name(job),
@@ -216,10 +239,10 @@ def _follow_events(
                 context.log.info(f"no new input for {config.stop_after_idle_s:g}s: ending")
                 stop.set()
     finally:
-        # Terminated from the UI, or failing: the engine stops after the window it is in. A
+        # Terminated, interrupted or failing: the engine stops after the window it is in. A
         # window is seconds; an engine stuck past this bound dies with the run's process.
         stop.set()
-        worker.join(STOP_TIMEOUT_S)
+        _join(worker, STOP_TIMEOUT_S)
     if failure:
         raise failure[0]
     if worker.is_alive():
@@ -234,6 +257,37 @@ def _follow_events(
 
 
 _DONE = object()
+
+
+def _join(worker: threading.Thread, timeout_s: float) -> None:
+    """Wait for the engine's thread, through further interrupts (a second Ctrl-C, the SIGINT
+    after a SIGTERM): the engine is already told to stop after its window."""
+    deadline = time.monotonic() + timeout_s
+    while worker.is_alive() and time.monotonic() < deadline:
+        try:
+            worker.join(min(1.0, max(0.0, deadline - time.monotonic())))
+        except (KeyboardInterrupt, DagsterExecutionInterruptedError):
+            continue
+
+
+def _close(events: Iterator[Any]) -> None:
+    """Close the events' generator (stopping the engine after its window and waiting for it),
+    through further interrupts."""
+    while True:
+        try:
+            events.close()  # type: ignore[attr-defined]
+            return
+        except (KeyboardInterrupt, DagsterExecutionInterruptedError):
+            continue
+
+
+def _mark_interrupted(context: OpExecutionContext) -> None:
+    """Tag the run as ended by an interrupt, so neither the step's retry policy (see the op),
+    Dagster's run retries (`dagster/max_retries=0`) nor the failure sensor runs it again; the
+    new-data sensor starts a follow run when input waits."""
+    context.instance.add_run_tags(
+        context.run_id, {FOLLOW_END_TAG: INTERRUPTED, MAX_RETRIES_TAG: "0"}
+    )
 
 
 def _window_events(
@@ -257,13 +311,16 @@ def _window_events(
                 "lineage": lineage_table(
                     recent, spec, {w: r for w, name, r in gaps if name == spec.name}
                 ),
+                "lineage_view": lineage_view(engine.job.name),
             },
             tags={DATA_VERSION_TAG: str(version)} if version is not None else None,
         )
 
 
 class _Checker:
-    """Runs the quality suites on the engine's thread, between commits, when they are due."""
+    """Runs the sink assets' checks on the engine's thread, between commits, when they are due:
+    the quality suites and the freshness check, so a follow run evaluates every check of the
+    assets it materialises."""
 
     def __init__(
         self,
@@ -295,6 +352,18 @@ class _Checker:
                     metadata=outcome.metadata,
                     severity=AssetCheckSeverity.ERROR,
                     description=outcome.description,
+                )
+            )
+        fresh = run_freshness(self._engine)
+        for key in self._keys.values():
+            self._emit(
+                AssetCheckEvaluation(
+                    asset_key=key,
+                    check_name=FRESHNESS_CHECK,
+                    passed=fresh.passed,
+                    metadata=fresh.metadata,
+                    severity=fresh.severity,
+                    description=fresh.description,
                 )
             )
 

@@ -5,19 +5,20 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from dagster import Backoff, Failure, Jitter, MetadataValue, RetryPolicy, RetryRequested
 
 from assets.config import WindowRunConfig
 from onceflow.engine import Engine, WindowResult, build_engine
-from onceflow.errors import OnceflowError
+from onceflow.errors import ConfigurationError, OnceflowError, is_terminal
 from onceflow.job import Job
 from onceflow.postgres import redact
 from onceflow.restate import cancel_command, request_of, restate_windows
 from onceflow.status import open_items
 from onceflow.windows import format_windows, parse_windows
 from resources import OnceflowSettingsResource, PostgresResource, SparkResource
+from sensors.failure import MAX_RETRIES_TAG, TERMINAL_TAG
 
 # Offsets of at most this many windows go into one materialisation's metadata.
 MAX_OFFSETS_IN_METADATA = 50
@@ -31,6 +32,19 @@ TRANSIENT_RETRY_POLICY = RetryPolicy(
 T = TypeVar("T")
 
 
+class _RunContext(Protocol):
+    """What marking a run needs of a step's context (an asset's or an op's)."""
+
+    @property
+    def instance(self) -> Any: ...
+
+    @property
+    def run_id(self) -> str: ...
+
+    @property
+    def log(self) -> Any: ...
+
+
 def make_engine(
     job: Job,
     spark: SparkResource,
@@ -42,14 +56,15 @@ def make_engine(
     return build_engine(job, settings, spark.spark_session, postgres.resolve(settings.home))
 
 
-def at_boundary(fn: Callable[..., T]) -> Callable[..., T]:
+def at_boundary(fn: Callable[..., T], context: _RunContext | None = None) -> Callable[..., T]:
     """Turn errors into Dagster's: retry only what the core marks transient (`retryable`),
     by the step's retry policy (`TRANSIENT_RETRY_POLICY`, exponential backoff); fail anything
-    else at once with its message (credentials redacted), and never retry it at the step
-    (a run retry, from the instance's `run_retries`, still may).
+    else at once with its message (credentials redacted), and never retry it at the step.
 
     A step whose op has a retry policy retries every exception except a `Failure` with
-    `allow_retries=False`, so every other error is turned into one here.
+    `allow_retries=False`, so every other error is turned into one here. A terminal error
+    (`onceflow.errors.is_terminal`) also marks `context`'s run (`mark_terminal`): Dagster's run
+    retries and the failure sensor's recovery leave it alone.
     """
 
     @functools.wraps(fn)
@@ -59,19 +74,38 @@ def at_boundary(fn: Callable[..., T]) -> Callable[..., T]:
         except (Failure, RetryRequested):
             raise
         except Exception as exc:
+            mark_terminal(context, exc)
             raise as_failure(exc) from _cause(exc)
 
     return wrapper
 
 
-def iter_at_boundary(events: Iterator[T]) -> Iterator[T]:
+def iter_at_boundary(events: Iterator[T], context: _RunContext | None = None) -> Iterator[T]:
     """`at_boundary` for a step that yields its events as it goes."""
     try:
         yield from events
     except (Failure, RetryRequested):
         raise
     except Exception as exc:
+        mark_terminal(context, exc)
         raise as_failure(exc) from _cause(exc)
+
+
+def mark_terminal(context: _RunContext | None, exc: BaseException) -> None:
+    """Tag the run failing with `exc`, when the error is terminal, so it is neither retried
+    nor recovered: `dagster/max_retries=0`, which Dagster reads from the run's tags when it
+    decides `dagster/will_retry` at the run's failure, and `onceflow/terminal_failure=<run id>`,
+    which the failure sensor reads (the run's own id: a re-execution inherits its parent's
+    tags, and its own failure is judged anew)."""
+    if context is None or not is_terminal(exc):
+        return
+    context.instance.add_run_tags(
+        context.run_id, {MAX_RETRIES_TAG: "0", TERMINAL_TAG: context.run_id}
+    )
+    context.log.error(
+        f"{type(exc).__name__} is terminal: this run is not retried and no recovery is "
+        "started; the error says what to change, then run again."
+    )
 
 
 def _cause(exc: Exception) -> Exception | None:
@@ -120,7 +154,9 @@ def run_windows(
     """
     if not config.windows:
         if config.restate:
-            raise Failure("restate needs `windows`: name the windows to restate, e.g. 3-7.")
+            raise ConfigurationError(
+                "restate needs `windows`: name the windows to restate, e.g. 3-7."
+            )
         result = engine.run(max_units_per_window=config.max_files_per_window, run_id=run_id)
         report = RunReport("new data", result.windows)
     else:

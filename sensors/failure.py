@@ -30,6 +30,14 @@ JOB_TAG = "onceflow/job"
 KIND_TAG = "onceflow/kind"
 FAILED_RUN_TAG = "onceflow/failed_run_id"
 WILL_RETRY_TAG = "dagster/will_retry"
+# Read by Dagster from a failed run's tags when it decides whether to retry it.
+MAX_RETRIES_TAG = "dagster/max_retries"
+# Set on a run that failed with a terminal error (`onceflow.errors.is_terminal`); the value is
+# the run's own id, so a re-execution, which inherits its parent's tags, is not taken for one.
+TERMINAL_TAG = "onceflow/terminal_failure"
+# A follow run's end (`sensors.new_data` reads it too); `interrupted`: stopped by a signal.
+FOLLOW_END_TAG = "onceflow/follow_end"
+INTERRUPTED = "interrupted"
 # Runs updated this close to the cursor are read again (and deduplicated), so two failures
 # stored with the same timestamp are never split across the cursor.
 OVERLAP = timedelta(seconds=1)
@@ -63,7 +71,9 @@ def build_failure_sensor(
     """A sensor requesting `recovery` once per failed run tagged `onceflow/job=<job>`.
 
     Runs Dagster will retry (`dagster/will_retry=true`) are left to the retry; recovery runs'
-    own failures are left to the reconcile schedule, so a lasting outage is not a tight loop.
+    own failures are left to the reconcile schedule, so a lasting outage is not a tight loop;
+    runs that failed with a terminal error (`TERMINAL_TAG`) are not recovered: only the change
+    their error names helps.
     With run retries on, a failed run not yet tagged either way waits for its tag (up to
     `UNDECIDED_GRACE`): recovering it then would race the retry Dagster is about to create.
     The run key is the failed run's id, so a failed run gets one recovery run whatever the
@@ -100,8 +110,14 @@ def build_failure_sensor(
             newest = max(newest, updated) if newest else updated
             if run.run_id in seen:
                 continue
-            if run.tags.get(KIND_TAG) == "recovery":
-                seen.add(run.run_id)  # never recovered, retried or not: no verdict to wait for
+            if (
+                run.tags.get(KIND_TAG) == "recovery"
+                or run.tags.get(TERMINAL_TAG) == run.run_id
+                or run.tags.get(FOLLOW_END_TAG) == INTERRUPTED
+            ):
+                # Never recovered, retried or not: no verdict to wait for. A terminal error
+                # fails a recovery the same way; its message names the fix.
+                seen.add(run.run_id)
                 continue
             if (
                 context.instance.run_retries_enabled

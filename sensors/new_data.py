@@ -26,7 +26,7 @@ from resources._annotations import typed
 from resources.postgres import PostgresResource
 from resources.settings import OnceflowSettingsResource
 from sensors._target import RunTarget
-from sensors.failure import JOB_TAG, WILL_RETRY_TAG
+from sensors.failure import FOLLOW_END_TAG, JOB_TAG, WILL_RETRY_TAG
 from sensors.observation import observed_version, source_observation
 
 INTERVAL_ENV = "ONCEFLOW_SENSOR_INTERVAL_S"
@@ -41,7 +41,6 @@ DEFAULT_INTERVAL_S = 30
 # Set by Dagster's retry daemon on a failed run once its retry exists.
 AUTO_RETRY_RUN_TAG = "dagster/auto_retry_run_id"
 # Set by a follow run when it ends: `made_way` (for another run of the job) or `idle`.
-FOLLOW_END_TAG = "onceflow/follow_end"
 MADE_WAY = "made_way"
 # How long a failed run marked for retry, whose retry does not exist yet, counts as in flight.
 # The daemon creates retries within seconds (it reads run failures every 5 s); past this, the

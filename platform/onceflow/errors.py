@@ -72,3 +72,15 @@ class PostgresUnavailableError(OnceflowError):
     """PostgreSQL stayed unreachable (connections lost or refused) past the retry limit."""
 
     retryable = True
+
+
+def is_terminal(exc: BaseException) -> bool:
+    """Whether `exc` needs someone to change something before the same work can succeed.
+
+    Terminal: an onceflow error not marked `retryable` (a wrong setting or argument, a refused
+    operation, a sink or ledger in a state the job does not repair by itself). Running the same
+    work again, as a retry or a recovery, only fails the same way; the message names the fix.
+    Not terminal: a retryable error, and any error onceflow does not know (a crash, a lost
+    worker), which a new run may get past.
+    """
+    return isinstance(exc, OnceflowError) and not exc.retryable

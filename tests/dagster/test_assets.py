@@ -26,6 +26,15 @@ def instance():
         yield inst
 
 
+@pytest.fixture()
+def retrying():
+    """An instance that retries failed runs, as `dagster.yaml` configures `make dev`'s."""
+    with DagsterInstance.ephemeral(
+        settings={"run_retries": {"enabled": True, "max_retries": 2}}
+    ) as inst:
+        yield inst
+
+
 def _payments_assets() -> list:
     source, sinks, _recovery = build_job_assets(get_job("payments")).assets
     return [source, sinks]
@@ -125,14 +134,19 @@ def test_new_data_backfill_noop_and_restate(
     lineage = {
         r.data["window"]: r.data for r in _value(restated["lake_payments"], "lineage").records
     }
-    assert lineage[2]["delta_version"] > version > lineage[1]["delta_version"]
+    assert _version(lineage[2]) > version > _version(lineage[1])
     # Same transform: the restated window's effect is replaced by an identical one.
     assert_exact(expected, actual_outputs(pg_dsn, lake))
 
 
-def test_failed_run_is_recovered_once(
-    resources: dict, instance: DagsterInstance, pg_dsn: str, lake: Path, landing: Path
+def test_terminal_failures_are_neither_retried_nor_recovered(
+    resources: dict, retrying: DagsterInstance, pg_dsn: str, lake: Path, landing: Path
 ) -> None:
+    """A typo in a backfill's windows, and a window PostgreSQL refuses: one failed run each,
+    on an instance that retries runs (as `dagster.yaml` does), and no recovery requested. Once
+    the table is fixed, the recovery job (the hourly schedule's, or launched by hand) replays
+    the refused window."""
+    instance = retrying
     defs = definitions.build_defs(resources)
     run_job = defs.resolve_job_def("payments_job")
     recovery_job = defs.resolve_job_def("payments_recovery_job")
@@ -146,26 +160,32 @@ def test_failed_run_is_recovered_once(
     quality = {e.asset_key.to_user_string(): e.passed for e in ok.get_asset_check_evaluations()}
     assert quality == dict.fromkeys(SINKS, True)
 
-    # A real sink failure: PostgreSQL refuses every new balance row.
+    typo = run_job.execute_in_process(
+        instance=instance,
+        raise_on_error=False,
+        run_config=RunConfig({"payments_run": WindowRunConfig(windows="99")}),
+    )
+    # A real sink refusal: PostgreSQL refuses every new balance row.
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute("ALTER TABLE merchant_balances ADD CONSTRAINT t_block CHECK (false) NOT VALID")
     generate_payments(landing, records=1000, files=2, duplicate_rate=0.1, invalid_rate=0.05, seed=2)
-    failed = run_job.execute_in_process(instance=instance, raise_on_error=False)
-    assert not failed.success
-    assert instance.get_run_by_id(failed.run_id).tags["onceflow/job"] == "payments"
+    refused = run_job.execute_in_process(instance=instance, raise_on_error=False)
+    for failed in (typo, refused):
+        assert not failed.success
+        run = instance.get_run_by_id(failed.run_id)
+        assert run.tags["onceflow/job"] == "payments"
+        # Dagster's verdict, taken when the run failed: no retry.
+        assert run.tags["dagster/will_retry"] == "false", run.tags
+        assert run.tags["onceflow/terminal_failure"] == failed.run_id
+    assert "99" in str(typo.failure_data_for_node("payments_run"))
 
     tick = sensor(build_sensor_context(instance=instance, cursor=None))
-    assert [r.run_key for r in tick.run_requests] == [failed.run_id]
-    request = tick.run_requests[0]
-    assert request.tags["onceflow/failed_run_id"] == failed.run_id
-    next_tick = sensor(build_sensor_context(instance=instance, cursor=tick.cursor))
-    assert not getattr(next_tick, "run_requests", None)
+    assert not getattr(tick, "run_requests", None)
 
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute("ALTER TABLE merchant_balances DROP CONSTRAINT t_block")
     recovered = recovery_job.execute_in_process(
         instance=instance,
-        tags=request.tags,
         run_config=RunConfig({"payments_recovery": RecoveryConfig(reconcile="full")}),
     )
     assert recovered.success
@@ -186,6 +206,11 @@ def test_failed_run_is_recovered_once(
 
     later = [f for f in visible_files(landing) if f not in first]
     assert_exact(expected_outputs(landing, windows=[first, later]), actual_outputs(pg_dsn, lake))
+
+
+def _version(record: dict) -> int:
+    """The Delta version in a lineage record's `commit` (`v<version>`)."""
+    return int(record["commit"].removeprefix("v"))
 
 
 def _assert_catalog_metadata(
@@ -217,19 +242,19 @@ def _assert_catalog_metadata(
         for record in table.records:
             row = rows[record.data["window"]]
             assert record.data["rows_in"] == row.rows_in
-            assert record.data["duplicates"] == row.duplicates
-            assert record.data["quarantined"] == row.quarantined
-            assert record.data["delta_version"] == row.delta_versions.get(sink)
-            assert record.data["pg_xid"] == row.pg_xids.get(sink)
+            version, xid = row.delta_versions.get(sink), row.pg_xids.get(sink)
+            assert record.data["commit"] == (f"v{version}" if version is not None else f"xid {xid}")
             assert record.data["state"] == "completed"
+        # Narrow enough for the asset page; the full view is named.
+        assert len(table.schema.columns) <= 6
+        assert all(len(r.data["input"]) <= 40 for r in table.records)
+        assert "onceflow.lineage" in _value(mat, "lineage_view")
     assert _value(mats["lake_payments"], "dagster/uri") == (lake / "payments").resolve().as_uri()
     assert _value(mats["pg_payments"], "dagster/uri").endswith(f"/{database}/public.payments")
     assert _value(mats["pg_quarantine"], "dagster/uri").startswith("postgresql://")
     assert [c.name for c in _value(mats["pg_payments"], "dagster/column_schema").columns][:1] == [
         "payment_id"
     ]
-    lake_versions = [
-        r.data["delta_version"] for r in _value(mats["lake_payments"], "lineage").records
-    ]
+    lake_versions = [_version(r.data) for r in _value(mats["lake_payments"], "lineage").records]
     assert all(isinstance(v, int) for v in lake_versions)
     assert lake_versions == sorted(lake_versions, reverse=True)

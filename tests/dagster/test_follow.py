@@ -15,6 +15,7 @@ import definitions
 from assets.config import delivery
 from onceflow.errors import ConfigurationError
 from onceflow.generate import generate_payments
+from onceflow.lineage import lineage
 from tests.support.oracle import expected_outputs
 from tests.support.outputs import actual_outputs, assert_exact
 
@@ -111,8 +112,25 @@ def test_follow_run_commits_files_as_they_land_and_reports_each_window(
         for e in result.all_events
         if e.event_type == DagsterEventType.ASSET_CHECK_EVALUATION
     ]
-    assert {c.asset_key.to_user_string() for c in checks} == SINKS
+    # Every check of every asset it materialised, not only the quality suites.
+    declared = {
+        (k.asset_key.to_user_string(), k.name)
+        for k in defs.resolve_asset_graph().asset_check_keys
+        if k.asset_key.to_user_string() in SINKS
+    }
+    assert {(c.asset_key.to_user_string(), c.check_name) for c in checks} == declared
+    assert {name for _, name in declared} == {"quality", "input_planned_in_time"}
     assert all(c.passed for c in checks), [c for c in checks if not c.passed]
+    # The lineage follows the checks: the quality result covers the newest window, and the
+    # lineage table, written when the window committed, claims nothing about checks.
+    quality = [c for c in checks if c.check_name == "quality"]
+    assert quality[-1].metadata["through_window"].value == 3
+    for sink, events in by_sink.items():
+        table = events[-1].metadata["lineage"].value
+        assert "checks" not in {c.name for c in table.schema.columns}, sink
+        assert "not checked" not in str(table.records), sink
+    (newest, *_) = lineage(pg_dsn, "payments")
+    assert newest.window_id == 3 and newest.checks_passed is True
     # The quality sensor reads check executions from the instance: they must be recorded.
     record = instance.event_log_storage.get_asset_check_execution_history(
         checks[0].asset_check_key, limit=5

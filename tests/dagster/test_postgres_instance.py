@@ -1,11 +1,13 @@
 """Dagster on PostgreSQL instance storage, configured by the block `dagster.yaml` ships: a real
-`dagster dev` loads the definitions, runs a launched job, and the failure sensor recovers a
-failed run; every sink exact, and the runs and events are in PostgreSQL, not SQLite."""
+`dagster dev` loads the definitions, runs a launched job, a refused backfill fails once (neither
+retried nor recovered: its error is terminal) and a recovery run commits what landed meanwhile;
+every sink exact, and the runs and events are in PostgreSQL, not SQLite."""
 
 from __future__ import annotations
 
 import re
 import shutil
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +27,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.dagster, pytest.mark.timeout(1200)]
 JOB = "payments"
 BLOCK = re.compile(r"# --- postgres storage ---\n(.*?)# --- end postgres storage ---\n", re.S)
 RUN_TIMEOUT_S = 420
+# Longer than the failure sensor's interval (30 s) and several of the retry daemon's ticks.
+FAILURE_SENSOR_TICKS_S = 45
 
 
 def postgres_instance_yaml() -> str:
@@ -62,7 +66,7 @@ def _finished(dev, run_id: str) -> dict | None:
     return run if run and run["status"] in ("SUCCESS", "FAILURE", "CANCELED") else None
 
 
-def test_dagster_on_postgres_storage_launches_runs_and_recovers_failures(
+def test_dagster_on_postgres_storage_launches_runs_and_leaves_terminal_failures_alone(
     pg_dsn: str, dagster_db: str, pg_server_dsn: str, lake: Path, landing: Path, tmp_path: Path
 ) -> None:
     home = tmp_path / "dagster_home"
@@ -97,23 +101,25 @@ def test_dagster_on_postgres_storage_launches_runs_and_recovers_failures(
             failed = wait_for("the refused backfill", lambda: _finished(dev, bad), RUN_TIMEOUT_S, 1)
             assert failed["status"] == "FAILURE", failed
 
-            def recovery() -> dict | None:
-                # Dagster retries the failed run (run_retries); the recovery follows the last
-                # failure of the chain.
-                runs = dev.runs()
-                chain = {r["runId"] for r in runs if bad in (r["runId"], r["rootRunId"])}
-                for r in runs:
-                    if (
-                        r["jobName"] == f"{JOB}_recovery_job"
-                        and r["tags"].get("onceflow/failed_run_id") in chain
-                        and r["status"] in ("SUCCESS", "FAILURE")
-                    ):
-                        return r
-                return None
+            # Terminal (a typo cannot pass on a retry): Dagster's verdict says no retry, and
+            # no retry or recovery follows, through several of the sensor's and daemon's ticks.
+            assert failed["tags"]["dagster/will_retry"] == "false", failed
+            assert failed["tags"]["onceflow/terminal_failure"] == bad, failed
+            time.sleep(FAILURE_SENSOR_TICKS_S)
+            followers = [
+                r
+                for r in dev.runs()
+                if r["rootRunId"] == bad or r["tags"].get("onceflow/failed_run_id") == bad
+            ]
+            assert followers == [], followers
 
-            recovered = wait_for("the failure sensor's recovery", recovery, RUN_TIMEOUT_S * 2, 1)
+            # The recovery job, launched as the hourly schedule does, commits the file that
+            # landed meanwhile.
+            rescue = dev.launch(f"{JOB}_recovery_job", {})
+            recovered = wait_for(
+                "the recovery run", lambda: _finished(dev, rescue), RUN_TIMEOUT_S, 1
+            )
             assert recovered["status"] == "SUCCESS", recovered
-            # The recovery also committed the file that landed meanwhile.
             assert_exact(expected_outputs(landing), actual_outputs(pg_dsn, lake))
 
         # Dagster kept its runs and events in PostgreSQL.
@@ -122,12 +128,7 @@ def test_dagster_on_postgres_storage_launches_runs_and_recovers_failures(
             events = conn.execute(
                 "SELECT count(*) FROM event_logs WHERE run_id = %s", (launched,)
             ).fetchone()
-        assert {
-            launched,
-            bad,
-            recovered["runId"],
-            recovered["tags"]["onceflow/failed_run_id"],
-        } <= runs
+        assert {launched, bad, rescue} <= runs
         assert events and events[0] > 0
         assert not list(home.glob("**/*.db")), "Dagster wrote SQLite storage after all"
     except BaseException:

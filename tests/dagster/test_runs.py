@@ -1,13 +1,28 @@
 """The step boundary: errors the core marks transient are retried with exponential backoff by
-the step's retry policy; every other error fails the step at once, never retried there."""
+the step's retry policy; every other error fails the step at once, never retried there; a
+terminal one (`onceflow.errors.is_terminal`) is neither retried as a run nor recovered."""
 
 from __future__ import annotations
 
 import pytest
-from dagster import Backoff, DagsterInstance, RetryPolicy, asset, materialize
+from dagster import (
+    Backoff,
+    DagsterInstance,
+    DagsterRun,
+    RetryPolicy,
+    asset,
+    build_sensor_context,
+    materialize,
+)
 
+import definitions
 from assets.runs import TRANSIENT_RETRY_POLICY, at_boundary
-from onceflow.errors import ConfigurationError, FencedError, TransientSinkError
+from onceflow.errors import (
+    ConfigurationError,
+    FencedError,
+    SinkStateError,
+    TransientSinkError,
+)
 
 # The real policy's shape with a delay short enough for a test.
 FAST = RetryPolicy(
@@ -85,3 +100,48 @@ def test_failures_redact_credentials() -> None:
         at_boundary(work)()
     assert "s3cret" not in raised.value.description
     assert raised.value.allow_retries is False
+
+
+ERRORS = [
+    # (error, terminal): only an onceflow error not marked retryable is terminal.
+    (ConfigurationError("windows '99': window 99 was never planned"), True),
+    (FencedError("a newer run owns the job"), True),
+    (SinkStateError("sink lake_payments lacks window 3; run onceflow reconcile"), True),
+    (TransientSinkError("connection lost during COPY"), False),
+    (ZeroDivisionError("division by zero"), False),
+]
+
+
+def _failed_run(instance: DagsterInstance, error: Exception) -> DagsterRun:
+    def work() -> None:
+        raise error
+
+    @asset
+    def step(context) -> None:  # unannotated: Dagster reads the annotation, a string here
+        at_boundary(work, context)()
+
+    result = materialize(
+        [step], instance=instance, raise_on_error=False, tags={"onceflow/job": "payments"}
+    )
+    assert not result.success
+    return instance.get_run_by_id(result.run_id)
+
+
+@pytest.mark.parametrize(("error", "terminal"), ERRORS, ids=[type(e).__name__ for e, _ in ERRORS])
+def test_dagster_retries_a_failed_run_unless_its_error_is_terminal(
+    error: Exception, terminal: bool
+) -> None:
+    settings = {"run_retries": {"enabled": True, "max_retries": 2}}
+    with DagsterInstance.ephemeral(settings=settings) as instance:
+        run = _failed_run(instance, error)
+    assert run.tags["dagster/will_retry"] == ("false" if terminal else "true")
+    assert (run.tags.get("onceflow/terminal_failure") == run.run_id) is terminal
+
+
+def test_the_failure_sensor_recovers_only_runs_that_failed_for_a_passing_reason() -> None:
+    sensor = definitions.defs.get_sensor_def("payments_failure_sensor")
+    with DagsterInstance.ephemeral() as instance:
+        runs = {type(e).__name__: (_failed_run(instance, e), terminal) for e, terminal in ERRORS}
+        tick = sensor(build_sensor_context(instance=instance, cursor=None))
+    recovered = {r.run_key for r in tick.run_requests}
+    assert recovered == {run.run_id for run, terminal in runs.values() if not terminal}

@@ -109,15 +109,20 @@ def dagster_dev_env(
 class DagsterDev:
     """A `dagster dev` subprocess and its GraphQL endpoint."""
 
-    def __init__(self, env: dict[str, str], log: Path) -> None:
+    def __init__(self, env: dict[str, str], log: Path, command: list[str] | None = None) -> None:
+        """`command`: what starts `dagster dev` (e.g. `scripts/dev.sh`), given the arguments
+        `dagster dev` takes after its `-w`; `dagster dev` itself when None."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log
         self._log = log.open("wb")
+        args = ["-h", "127.0.0.1", "-p", str(self.port)]
         self.proc = subprocess.Popen(
-            [
+            [*command, *args]
+            if command
+            else [
                 str(Path(sys.executable).parent / "dagster"),
-                *("dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(self.port)),
+                *("dev", "-w", "workspace.yaml", *args),
             ],
             cwd=ROOT,
             env=env,
@@ -318,13 +323,15 @@ class DagsterDev:
 
 
 @contextmanager
-def running_dagster_dev(env: dict[str, str], log: Path) -> Iterator[DagsterDev]:
+def running_dagster_dev(
+    env: dict[str, str], log: Path, command: list[str] | None = None
+) -> Iterator[DagsterDev]:
     """`dagster dev` with its code location loaded; the whole process group ends on exit.
 
     A failure inside carries the instance's runs and the log's tail as a note, so a report
     (CI's included, whose folders are gone) says what Dagster was doing.
     """
-    server = DagsterDev(env, log)
+    server = DagsterDev(env, log, command)
     try:
         server.wait_ready()
         yield server

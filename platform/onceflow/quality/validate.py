@@ -155,12 +155,15 @@ class ValidationReport:
         data_docs: The path of the Data Docs index page, when Data Docs were built.
         timings: Wall-clock seconds per suite (keyed by suite name, `<job>.<sink>[.<suffix>]`),
             and for Delta targets the Spark read and aggregation alone (`<suite>:spark`).
+        through_window: The newest window completed when the checks started: the results speak
+            for every window up to it (0: none).
     """
 
     job: str
     results: list[CheckResult]
     data_docs: str | None
     timings: dict[str, float] = field(default_factory=dict)
+    through_window: int = 0
 
     @property
     def passed(self) -> bool:
@@ -357,6 +360,7 @@ def validate(
     session = GxSession(job, dsn=dsn, docs_dir=data_docs_dir)
     results: list[CheckResult] = []
     timings: dict[str, float] = {}
+    through = 0
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
             through = completed_through(conn, job)
@@ -385,4 +389,6 @@ def validate(
     for result in results:
         if not result.passed:
             log.info("quality check failed: %s %s %s", result.sink, result.check, result.observed)
-    return ValidationReport(job=job, results=results, data_docs=docs, timings=timings)
+    return ValidationReport(
+        job=job, results=results, data_docs=docs, timings=timings, through_window=through
+    )
