@@ -11,7 +11,7 @@ from dagster import Backoff, Failure, Jitter, MetadataValue, RetryPolicy, RetryR
 
 from assets.config import WindowRunConfig
 from onceflow.engine import Engine, WindowResult, build_engine
-from onceflow.errors import ConfigurationError, OnceflowError, is_terminal
+from onceflow.errors import ConfigurationError, OnceflowError, is_terminal, needs_recovery
 from onceflow.job import Job
 from onceflow.postgres import redact
 from onceflow.restate import cancel_command, request_of, restate_windows
@@ -92,12 +92,23 @@ def iter_at_boundary(events: Iterator[T], context: _RunContext | None = None) ->
 
 
 def mark_terminal(context: _RunContext | None, exc: BaseException) -> None:
-    """Tag the run failing with `exc`, when the error is terminal, so it is neither retried
-    nor recovered: `dagster/max_retries=0`, which Dagster reads from the run's tags when it
+    """Tag the run failing with `exc`: when the error needs recovery, so it is not retried
+    (`dagster/max_retries=0`); when it is terminal, so it is neither retried nor recovered: `dagster/max_retries=0`, which Dagster reads from the run's tags when it
     decides `dagster/will_retry` at the run's failure, and `onceflow/terminal_failure=<run id>`,
     which the failure sensor reads (the run's own id: a re-execution inherits its parent's
     tags, and its own failure is judged anew)."""
-    if context is None or not is_terminal(exc):
+    if context is None:
+        return
+    if needs_recovery(exc):
+        # Running the same work again fails the same way; the failure sensor's recovery is
+        # what repairs it.
+        context.instance.add_run_tags(context.run_id, {MAX_RETRIES_TAG: "0"})
+        context.log.error(
+            f"{type(exc).__name__}: this run is not retried; the failure sensor starts a "
+            "recovery (verify, replay, reconcile)."
+        )
+        return
+    if not is_terminal(exc):
         return
     context.instance.add_run_tags(
         context.run_id, {MAX_RETRIES_TAG: "0", TERMINAL_TAG: context.run_id}

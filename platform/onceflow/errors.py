@@ -7,10 +7,13 @@ class OnceflowError(Exception):
     """Base of every onceflow error.
 
     `retryable` tells a retry loop (and Dagster's run retries) whether the same call can succeed
-    later without anyone changing anything.
+    later without anyone changing anything. `recoverable` tells an orchestrator that running the
+    same work again cannot help, but recovery can (verify, replay, reconcile: it puts back what
+    a sink lacks).
     """
 
     retryable: bool = False
+    recoverable: bool = False
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -38,6 +41,8 @@ class SinkStateError(SinkError):
     """A sink is not in the state the ledger expects: its table is missing, was replaced, or
     lacks windows or restatements it committed (deleted, recreated or restored from an older
     copy). Nothing was written; `onceflow reconcile` puts back what it lacks."""
+
+    recoverable = True
 
 
 class TransientSinkError(SinkError):
@@ -77,10 +82,16 @@ class PostgresUnavailableError(OnceflowError):
 def is_terminal(exc: BaseException) -> bool:
     """Whether `exc` needs someone to change something before the same work can succeed.
 
-    Terminal: an onceflow error not marked `retryable` (a wrong setting or argument, a refused
-    operation, a sink or ledger in a state the job does not repair by itself). Running the same
-    work again, as a retry or a recovery, only fails the same way; the message names the fix.
-    Not terminal: a retryable error, and any error onceflow does not know (a crash, a lost
-    worker), which a new run may get past.
+    Terminal: an onceflow error marked neither `retryable` nor `recoverable` (a wrong setting
+    or argument, a refused operation, a fenced zombie). Running the same work again, as a retry
+    or a recovery, only fails the same way; the message names the fix. Not terminal: a retryable
+    or recoverable error, and any error onceflow does not know (a crash, a lost worker), which a
+    new run or a recovery may get past.
     """
-    return isinstance(exc, OnceflowError) and not exc.retryable
+    return isinstance(exc, OnceflowError) and not (exc.retryable or exc.recoverable)
+
+
+def needs_recovery(exc: BaseException) -> bool:
+    """Whether `exc` is repaired by recovery, not by running the same work again (a sink that
+    lacks windows or was replaced: `SinkStateError`)."""
+    return isinstance(exc, OnceflowError) and exc.recoverable

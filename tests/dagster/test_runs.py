@@ -103,12 +103,13 @@ def test_failures_redact_credentials() -> None:
 
 
 ERRORS = [
-    # (error, terminal): only an onceflow error not marked retryable is terminal.
-    (ConfigurationError("windows '99': window 99 was never planned"), True),
-    (FencedError("a newer run owns the job"), True),
-    (SinkStateError("sink lake_payments lacks window 3; run onceflow reconcile"), True),
-    (TransientSinkError("connection lost during COPY"), False),
-    (ZeroDivisionError("division by zero"), False),
+    # (error, retried, recovered): an onceflow error marked neither retryable nor recoverable
+    # is terminal (neither); a sink that lacks windows is repaired by recovery, not a retry.
+    (ConfigurationError("windows '99': window 99 was never planned"), False, False),
+    (FencedError("a newer run owns the job"), False, False),
+    (SinkStateError("sink lake_payments lacks window 3; run onceflow reconcile"), False, True),
+    (TransientSinkError("connection lost during COPY"), True, True),
+    (ZeroDivisionError("division by zero"), True, True),
 ]
 
 
@@ -127,21 +128,23 @@ def _failed_run(instance: DagsterInstance, error: Exception) -> DagsterRun:
     return instance.get_run_by_id(result.run_id)
 
 
-@pytest.mark.parametrize(("error", "terminal"), ERRORS, ids=[type(e).__name__ for e, _ in ERRORS])
+@pytest.mark.parametrize(
+    ("error", "retried", "recovered"), ERRORS, ids=[type(e).__name__ for e, _, _ in ERRORS]
+)
 def test_dagster_retries_a_failed_run_unless_its_error_is_terminal(
-    error: Exception, terminal: bool
+    error: Exception, retried: bool, recovered: bool
 ) -> None:
     settings = {"run_retries": {"enabled": True, "max_retries": 2}}
     with DagsterInstance.ephemeral(settings=settings) as instance:
         run = _failed_run(instance, error)
-    assert run.tags["dagster/will_retry"] == ("false" if terminal else "true")
-    assert (run.tags.get("onceflow/terminal_failure") == run.run_id) is terminal
+    assert run.tags["dagster/will_retry"] == ("true" if retried else "false")
+    assert (run.tags.get("onceflow/terminal_failure") == run.run_id) is not recovered
 
 
 def test_the_failure_sensor_recovers_only_runs_that_failed_for_a_passing_reason() -> None:
     sensor = definitions.defs.get_sensor_def("payments_failure_sensor")
     with DagsterInstance.ephemeral() as instance:
-        runs = {type(e).__name__: (_failed_run(instance, e), terminal) for e, terminal in ERRORS}
+        runs = [(_failed_run(instance, e), recovered) for e, _, recovered in ERRORS]
         tick = sensor(build_sensor_context(instance=instance, cursor=None))
-    recovered = {r.run_key for r in tick.run_requests}
-    assert recovered == {run.run_id for run, terminal in runs.values() if not terminal}
+    started = {r.run_key for r in tick.run_requests}
+    assert started == {run.run_id for run, recovered in runs if recovered}
