@@ -225,6 +225,30 @@ def cmd_windows_skip(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_windows_recompute(args: argparse.Namespace) -> int:
+    from onceflow.windows import format_windows, parse_windows, recompute_windows
+
+    engine = _engine(args.job, spark=False)
+    done = recompute_windows(engine, parse_windows(args.windows))
+    if done.deterministic:
+        print(
+            f"job {args.job} is deterministic: it keeps no stage, and its pending windows "
+            f"{args.windows} are computed with its current code by `onceflow run {args.job}`."
+        )
+        return 0
+    print(
+        f"windows {format_windows(done.windows)} of {args.job}: the outputs staged by an earlier "
+        f"run dropped; `onceflow run {args.job}` computes them again with the job's current "
+        "code, from the same input."
+    )
+    if done.later:
+        print(
+            f"windows {format_windows(done.later)} are computed again with them (their dedupe "
+            "looked up the keys of those windows)."
+        )
+    return 0
+
+
 def cmd_windows_abandon(args: argparse.Namespace) -> int:
     from onceflow.windows import abandon_windows, format_windows, parse_windows
 
@@ -436,6 +460,13 @@ def build_parser() -> argparse.ArgumentParser:
     skip.add_argument("windows", help="window ids, e.g. 7 or 7-9")
     skip.add_argument("--reason", required=True, help="why; shown in status and reconcile")
     skip.set_defaults(func=cmd_windows_skip)
+    recompute = win_sub.add_parser(
+        "recompute",
+        help="compute pending windows no sink holds again with the job's current code",
+    )
+    recompute.add_argument("job")
+    recompute.add_argument("windows", help="window ids, e.g. 7 or 7-9")
+    recompute.set_defaults(func=cmd_windows_recompute)
     abandon = win_sub.add_parser(
         "abandon",
         help="give up completed windows a sink lacks and whose input is gone (a recorded gap)",

@@ -1308,9 +1308,21 @@ class Engine:
             self._confirm(out)  # every lookup ran in the jobs above
             marker = stats if out.basis is None else {**stats, _BASIS: out.basis.to_json()}
             stage.finish(marker)
+        except Exception:
+            # Outputs of code that raised are never kept, in part or whole: the window is
+            # computed afresh, with the code as it is then.
+            _clear_quietly(stage)
+            raise
         finally:
             out.release()
         return WindowOutputs(staged, stats, basis=out.basis)
+
+
+def _clear_quietly(stage: WindowStage) -> None:
+    try:
+        stage.clear()
+    except Exception:  # a stage without its marker is never read; the next attempt clears it
+        _log.warning("window %d: could not remove its unfinished stage", stage.window_id)
 
 
 def _versions(outcomes: Mapping[str, SinkOutcome]) -> dict[str, int]:

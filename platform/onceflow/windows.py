@@ -178,3 +178,102 @@ def abandon_windows(
             reason.strip(),
         )
     return Abandoned(todo, engine.lacking_windows())
+
+
+@dataclass(frozen=True)
+class Recomputed:
+    """What `recompute_windows` did.
+
+    Attributes:
+        windows: The windows asked for whose stage was dropped (their outputs are computed
+            again, with the job's current code, by the next run).
+        later: Later pending windows whose stage was dropped with them: their dedupe looked
+            up the keys of the windows asked for.
+        deterministic: The job stages nothing: its pending windows are always computed again.
+    """
+
+    windows: list[int]
+    later: list[int]
+    deterministic: bool
+
+
+def recompute_windows(
+    engine: Engine, window_ids: Sequence[int], run_id: str | None = None
+) -> Recomputed:
+    """Have pending windows that no sink holds computed again with the job's current code:
+    their stage (the outputs the code of an earlier run computed) is dropped, their input and
+    their place in the ledger kept, so the next run computes and commits them afresh.
+
+    Checks every window before changing anything, takes a new epoch (so a run working on the
+    windows is fenced) and checks again under it.
+
+    Raises:
+        ConfigurationError: A window never planned, skipped, committed in every sink, held
+            by some sink (the sinks would disagree), or whose input is no longer readable (its
+            stage is then all that is left of it); with a dedupe, a later window some sink
+            holds (its dedupe saw these windows' keys).
+    """
+    from onceflow._staging import WindowStage
+
+    job = engine.job.name
+    wanted = sorted(set(window_ids))
+
+    def check() -> tuple[list[int], list[int]]:
+        for wid in wanted:
+            window = engine.ledger.window(wid)
+            if window is None:
+                raise ConfigurationError(
+                    f"job {job}: window {wid} was never planned; nothing was changed."
+                )
+            if window.skipped is not None:
+                raise ConfigurationError(
+                    f"job {job}: window {wid} was skipped ({window.skipped}); there is nothing "
+                    "to compute. Nothing was changed."
+                )
+            if window.completed:
+                raise ConfigurationError(
+                    f"job {job}: window {wid} is committed in every sink; change a committed "
+                    f"window with `onceflow restate {job} --windows {wid}`. Nothing was changed."
+                )
+            lost = engine.job.source.check_available(engine.settings, window.offsets)
+            if lost:
+                raise ConfigurationError(
+                    f"job {job}: window {wid}'s input is no longer readable "
+                    f"({'; '.join(lost[:3])}): its stage is all that is left of it, so it is "
+                    f"kept. Restore the input, or give the window up with `onceflow windows "
+                    f'skip {job} {wid} --reason "…"`. Nothing was changed.'
+                )
+        later: list[int] = []
+        if engine.job.dedupe is not None:
+            later = [
+                w.window_id
+                for w in engine.ledger.windows(pending_only=True, since=wanted[0])
+                if w.window_id not in wanted and w.skipped is None
+            ]
+        held = engine.held([*wanted, *later])
+        partly = {wid: sorted(names) for wid, names in held.items() if names}
+        if partly:
+            which = "; ".join(f"window {w} is held by {', '.join(n)}" for w, n in partly.items())
+            raise ConfigurationError(
+                f"job {job}: {which}. Computing it again would leave the sinks apart for good: "
+                f"run `onceflow run {job}` to finish it with the rows it has, then change them "
+                f"with `onceflow restate {job} --windows …`. Nothing was changed."
+            )
+        return wanted, later
+
+    # Checked before the epoch (which fences a running job) and again under it.
+    engine.prepare()
+    engine.rebuild_ledger()
+    check()
+    if engine.job.deterministic:
+        return Recomputed([], [], True)
+    engine.start(run_id or f"recompute-{uuid.uuid4().hex}")
+    windows, later = check()
+    for wid in [*windows, *later]:
+        WindowStage(engine.settings.lake, job, wid, {}).discard()
+    _log.warning(
+        "job %s: the stages of windows %s dropped; the next run computes them again",
+        job,
+        format_windows([*windows, *later]),
+    )
+    return Recomputed(windows, later, False)

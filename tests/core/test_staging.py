@@ -50,3 +50,38 @@ def test_a_stage_that_lost_a_file_is_recomputed_not_reused(
     assert WindowStage(lake, job.name, 1, other.offsets).root != stage.root
     fewer = engine.outputs(other).stats
     assert fewer["rows_in"] < stats["rows_in"]
+
+
+def test_a_computation_that_raised_leaves_no_stage(
+    spark, pg_dsn: str, tmp_path: Path, lake: Path, landing: Path
+) -> None:
+    from pyspark.sql import functions as F
+
+    settings = Settings(home=tmp_path / "home", postgres_dsn=pg_dsn, lake=lake, landing=landing)
+    generate_payments(landing, records=300, files=1, duplicate_rate=0.1, invalid_rate=0.1, seed=3)
+    good = replace(get_job("payments"), deterministic=False)
+
+    def raising(valid, ctx):  # `payments`, staged after `balances`, fails on the executors
+        out = good.transform(valid, ctx)
+        payments = out["payments"]
+        text = next(name for name, kind in payments.dtypes if kind == "string")
+        boom = F.raise_error(F.lit("a bug in the job")).cast("string")
+        return {"balances": out["balances"], "payments": payments.withColumn(text, boom)}
+
+    engine = Engine(replace(good, transform=raising), settings, spark, pg_dsn)
+    engine.prepare()
+    units = good.source.discover(settings, None)
+    window = Window(good.name, 1, good.source.offsets(settings, units), epoch=1)
+    stage = WindowStage(lake, good.name, 1, window.offsets)
+    try:
+        engine.outputs(window)
+    except Exception:
+        pass
+    else:
+        raise AssertionError("the raising transform was staged")
+    assert stage.complete() is None
+    assert not stage.root.path.exists(), "a partial stage was left"
+
+    # The code fixed: computed afresh, staged whole.
+    stats = Engine(good, settings, spark, pg_dsn).outputs(window).stats
+    assert stage.intact(stats, ["payments", "quarantine", "balances"])

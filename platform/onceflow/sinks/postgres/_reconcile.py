@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
 
 _log = logging.getLogger(__name__)
 
@@ -511,10 +511,15 @@ def _offending_keys(
 
 
 def narrow_upsert(
-    key: Sequence[str], window_column: str, since: int, unverifiable: frozenset[int]
+    key: Sequence[str],
+    window_column: str,
+    since: int,
+    unverifiable: frozenset[int],
+    order_by: str | None = None,
 ) -> Narrow:
     """Narrow an upsert sink's comparison the way the run applies it: the last window's row
-    per key wins, also over windows this reconcile does not compare.
+    per key wins (with `order_by`, the greatest value of that column, then the last window),
+    also over windows this reconcile does not compare. "Newer" below is in that order.
 
     `expected` holds the latest row per key of every verifiable window the sink holds, with
     its window in `WINDOW_COL`. A held row of a window left alone (its input gone, or verified
@@ -533,18 +538,28 @@ def narrow_upsert(
         from pyspark.sql import functions as F
 
         held = F.col(window_column)
+
+        def newness(window: Column) -> Column:
+            if order_by is None:
+                return window
+            # A null `order_by` is the least (the first field orders it before any value).
+            return F.struct(F.col(order_by).isNotNull(), F.col(order_by), window)
+
         outside = held.isNotNull() & (held <= since)
         if unverifiable:
             outside = outside | held.isin(sorted(unverifiable))
         marked = actual.withColumn("__outside", outside)
-        newest_outside = marked.where("__outside").groupBy(*keys).agg(F.max(held).alias("__wo"))
+        newest_outside = (
+            marked.where("__outside").groupBy(*keys).agg(F.max(newness(held)).alias("__wo"))
+        )
         inside_keys = (
             marked.where(~F.col("__outside")).select(*keys).distinct()
             .withColumn("__in", F.lit(True))
         )  # fmt: skip
         we, wo = F.col(WINDOW_COL), F.col("__wo")
         joined = expected.join(newest_outside, keys, "left").join(inside_keys, keys, "left")
-        kept = joined.where(F.col("__in").isNotNull() | ((wo.isNull() | (we > wo)) & (we > since)))
+        newer = newness(we) > wo
+        kept = joined.where(F.col("__in").isNotNull() | ((wo.isNull() | newer) & (we > since)))
         replaced = kept.where(wo.isNotNull()).select(*keys)
         compared = marked.where(~F.col("__outside")).unionByName(
             marked.where("__outside").join(replaced, keys, "left_semi")

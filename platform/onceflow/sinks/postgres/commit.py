@@ -26,7 +26,7 @@ import io
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -76,6 +76,10 @@ SPOOL_IN_MEMORY_BYTES = 64 << 20
 _UTC = "UTC"
 # How long a count check waits for a COPY still under way into the table it counts.
 STAGING_LOCK_WAIT_S = 5
+# The output columns that place a row in its window's input (the file's place in the window,
+# then the line): an `order_by` upsert gives a tie to the later position where the output
+# keeps them.
+POSITION = ("_file_idx", "_source_line")
 
 PROTOCOL_DDL = """
 CREATE SCHEMA IF NOT EXISTS onceflow;
@@ -210,6 +214,7 @@ class Staged:
     spec: PostgresSink
     table: str  # the staging table's name in schema onceflow
     rows: int
+    positioned: bool = False  # it holds the rows' `POSITION` columns too
 
     @property
     def ident(self) -> sql.Identifier:
@@ -264,6 +269,11 @@ class CopyWriter(PartitionWriter):
 
     def columns(self, available: Sequence[str]) -> Sequence[str]:
         return self.column_names
+
+    @property
+    def positioned(self) -> bool:
+        """Whether it copies the rows' positions (`staged_columns`)."""
+        return all(c in self.column_names for c in POSITION)
 
     def open(self, partition: int) -> PartitionHandle:
         return _CopyHandle(self)
@@ -389,6 +399,15 @@ def _utc_as_text(table: pa.Table) -> pa.Table:
     return table
 
 
+def staged_columns(spec: PostgresSink, available: Sequence[str]) -> list[str]:
+    """The columns a sink's staging table takes from an output with `available` columns: the
+    sink's, and for an `order_by` upsert the rows' positions where the output keeps them."""
+    columns = list(spec.columns)
+    if spec.order_by is not None and all(c in available for c in POSITION):
+        columns += [c for c in POSITION if c not in columns]
+    return columns
+
+
 def copy_frame(
     dsn: str,
     app_name: str,
@@ -460,23 +479,31 @@ class Transaction:
         tag: str,
         *,
         fenced: bool = True,
+        available: Mapping[str, Sequence[str]] | None = None,
     ) -> list[CopyWriter]:
         """Create the sinks' staging tables (one round trip); return the writers the executors
         COPY each sink's rows with (`key` = the sink's name). The tables are the epoch's own;
-        `fenced`: the COPYs commit only while the epoch is current."""
+        `fenced`: the COPYs commit only while the epoch is current. `available`: the columns
+        of each `order_by` sink's output (`staged_columns`)."""
         names = {s.name: _staging_name(self.job, s.name, window_id, epoch, tag) for s in specs}
         app = session_name(self.job, epoch)
-        self._create_staging(specs, names, app, window_id)
+        columns = {s.name: staged_columns(s, (available or {}).get(s.name, ())) for s in specs}
+        self._create_staging(specs, names, columns, app, window_id)
         fence = (self.job, epoch) if fenced else None
         return [
             CopyWriter(
-                s.name, s.output, self._dsn, app, names[s.name], list(s.columns), fence=fence
+                s.name, s.output, self._dsn, app, names[s.name], columns[s.name], fence=fence
             )
             for s in specs
         ]
 
     def _create_staging(
-        self, specs: Sequence[PostgresSink], names: dict[str, str], app: str, window_id: int
+        self,
+        specs: Sequence[PostgresSink],
+        names: dict[str, str],
+        staged: dict[str, list[str]],
+        app: str,
+        window_id: int,
     ) -> None:
         statements: list[sql.Composable] = []
         for spec in specs:
@@ -486,9 +513,11 @@ class Transaction:
                     sql.Identifier(col),
                     # Accumulated deltas are summed exactly; the cast back to the column's type
                     # happens on the final value, so a window cannot overflow halfway.
-                    sql.SQL("numeric") if col in spec.accumulate else sql.SQL(pg_type),
+                    sql.SQL("numeric")
+                    if col in spec.accumulate
+                    else sql.SQL(spec.columns.get(col, "bigint")),
                 )
-                for col, pg_type in spec.columns.items()
+                for col in staged[spec.name]
             ]
             statements.append(sql.SQL("DROP TABLE IF EXISTS {}").format(staging))
             statements.append(
@@ -524,14 +553,17 @@ class Transaction:
         fenced: bool = True,
     ) -> Staged:
         """Create the sink's staging table and have the executors COPY `df` into it."""
-        (writer,) = self.begin_stage([spec], window_id, epoch, tag, fenced=fenced)
+        available = {spec.name: df.columns} if spec.order_by is not None else None
+        (writer,) = self.begin_stage(
+            [spec], window_id, epoch, tag, fenced=fenced, available=available
+        )
         try:
             rows = rows_written(run_writers({spec.output: df}, [writer])[writer.key])
         except Exception as exc:
             raise TransientSinkError(
                 f"copy into staging failed on an executor ({type(exc).__name__})"
             ) from None
-        return Staged(spec, writer.table, rows)
+        return Staged(spec, writer.table, rows, writer.positioned)
 
     def drop(self, staged: Sequence[Staged]) -> None:
         if not staged:
@@ -620,9 +652,13 @@ class Transaction:
                     continue
                 self._check_staged(conn, item)
                 if restate_seq is None:
-                    rows, added = _apply(conn, item.spec, item.ident, self.job, window_id)
+                    rows, added = _apply(
+                        conn, item.spec, item.ident, self.job, window_id, item.positioned
+                    )
                 else:
-                    rows, added = _restate(conn, item.spec, item.ident, self.job, window_id)
+                    rows, added = _restate(
+                        conn, item.spec, item.ident, self.job, window_id, item.positioned
+                    )
                 # The marker records the rows the window added to the table, so the table's
                 # row count can be checked against the markers.
                 marker.insert(conn, epoch, run_id, offsets, added, exactly_once=exactly_once)
@@ -790,9 +826,16 @@ def _keys_match(spec: PostgresSink, left: str, right: str) -> sql.Composable:
 
 
 def _apply(
-    conn: psycopg.Connection, spec: PostgresSink, staging: sql.Composable, job: str, window_id: int
+    conn: psycopg.Connection,
+    spec: PostgresSink,
+    staging: sql.Composable,
+    job: str,
+    window_id: int,
+    positioned: bool = False,
 ) -> tuple[int, int]:
-    """Move the staged rows into the sink's table; return the rows written and added."""
+    """Move the staged rows into the sink's table; return the rows written and added.
+
+    `positioned`: the staging table holds the rows' `POSITION` columns too."""
     if spec.mode == "accumulate":
         _forget_contribution(conn, spec, job, window_id)
         return _accumulate(conn, spec, _summed(spec, staging), record=(job, window_id))
@@ -806,7 +849,17 @@ def _apply(
             )
         ).rowcount
         return rows, rows
-    _check_one_row_per_key(conn, spec, staging, window_id)
+    keys = sql.SQL(", ").join(sql.Identifier(k) for k in spec.key)
+    if spec.order_by is None:
+        _check_one_row_per_key(conn, spec, staging, job, window_id)
+        rows = sql.SQL("SELECT {} FROM {} ORDER BY {}").format(col_list, staging, keys)
+    else:
+        # One row per key: the greatest `order_by`, a tie to the later position.
+        order = _latest_first(spec, positioned)
+        _check_no_tie(conn, spec, staging, job, window_id, order, positioned)
+        rows = sql.SQL("SELECT DISTINCT ON ({}) {} FROM {} ORDER BY {}, {}").format(
+            keys, col_list, staging, keys, order
+        )
     others = [c for c in cols if c not in spec.key]
     action = (
         sql.SQL("DO UPDATE SET {}").format(
@@ -818,36 +871,38 @@ def _apply(
         if others
         else sql.SQL("DO NOTHING")
     )
-    if others and spec.window_column is not None:
+    later_window: sql.Composable = sql.SQL("true")
+    if spec.window_column is not None:
         # The row of the latest window wins, also when an earlier window is restated (or
         # replayed) after a later one updated the same key.
-        action = sql.SQL("{} WHERE COALESCE(t.{} <= EXCLUDED.{}, true)").format(
-            action, sql.Identifier(spec.window_column), sql.Identifier(spec.window_column)
+        later_window = sql.SQL("COALESCE(t.{} <= EXCLUDED.{}, true)").format(
+            sql.Identifier(spec.window_column), sql.Identifier(spec.window_column)
         )
+    if others and spec.order_by is not None:
+        # The greater `order_by` wins whichever window brings it (a late event never replaces
+        # a newer row; a null is the least); on a tie, the later window.
+        ob = sql.Identifier(spec.order_by)
+        action = sql.SQL(
+            "{} WHERE CASE WHEN EXCLUDED.{} IS NOT DISTINCT FROM t.{} THEN {}"
+            " ELSE COALESCE(EXCLUDED.{} > t.{}, EXCLUDED.{} IS NOT NULL) END"
+        ).format(action, ob, ob, later_window, ob, ob, ob)
+    elif others and spec.window_column is not None:
+        action = sql.SQL("{} WHERE {}").format(action, later_window)
     # xmax = 0 marks a row this statement inserted rather than replaced. In key order, the
     # index is walked page after page rather than at random (a sixth less time, measured).
-    keys = sql.SQL(", ").join(sql.Identifier(k) for k in spec.key)
     row = conn.execute(
         sql.SQL(
-            "WITH w AS (INSERT INTO {} AS t ({}) SELECT {} FROM {} ORDER BY {}"
+            "WITH w AS (INSERT INTO {} AS t ({}) {}"
             " ON CONFLICT ({}) {} RETURNING (xmax = 0) AS inserted)"
             " SELECT count(*), count(*) FILTER (WHERE inserted) FROM w"
-        ).format(
-            target,
-            col_list,
-            col_list,
-            staging,
-            keys,
-            keys,
-            action,
-        )
+        ).format(target, col_list, rows, keys, action)
     ).fetchone()
     assert row is not None
     return int(row[0]), int(row[1])
 
 
 def _check_one_row_per_key(
-    conn: psycopg.Connection, spec: PostgresSink, staging: sql.Composable, window_id: int
+    conn: psycopg.Connection, spec: PostgresSink, staging: sql.Composable, job: str, window_id: int
 ) -> None:
     """An upsert takes one row per key from a window; two would leave the winner to chance."""
     keys = sql.SQL(", ").join(sql.Identifier(k) for k in spec.key)
@@ -859,8 +914,61 @@ def _check_one_row_per_key(
         raise SinkError(
             f"sink {spec.name}: window {window_id}'s output `{spec.output}` has {extra} more "
             f"row(s) than keys {list(spec.key)}; an upsert sink takes one row per key per window. "
-            "Keep one row per key in the transform (or dedupe the job by that key); nothing was "
-            "written."
+            "Nothing was written. Keep one row per key in the transform (or dedupe the job by "
+            "that key), or let the sink pick one (`order_by=` a column: the greatest wins); "
+            f"then `onceflow windows recompute {job} {window_id}` and run the job again."
+        )
+
+
+def _latest_first(spec: PostgresSink, positioned: bool) -> sql.Composable:
+    """The ORDER BY that puts an `order_by` upsert's winning row of a key first."""
+    assert spec.order_by is not None
+    terms = [sql.SQL("{} DESC NULLS LAST").format(sql.Identifier(spec.order_by))]
+    if positioned:
+        terms += [sql.SQL("{} DESC NULLS LAST").format(sql.Identifier(c)) for c in POSITION]
+    return sql.SQL(", ").join(terms)
+
+
+def _check_no_tie(
+    conn: psycopg.Connection,
+    spec: PostgresSink,
+    staging: sql.Composable,
+    job: str,
+    window_id: int,
+    order: sql.Composable,
+    positioned: bool,
+) -> None:
+    """Rows of one key that differ yet rank first together would leave the winner to chance."""
+    keys = sql.SQL(", ").join(sql.Identifier(k) for k in spec.key)
+    rows = conn.execute(
+        sql.SQL(
+            "SELECT {} FROM (SELECT *, rank() OVER (PARTITION BY {} ORDER BY {}) AS __rank"
+            " FROM {}) AS s WHERE __rank = 1 GROUP BY {}"
+            " HAVING count(DISTINCT ROW({})) > 1 LIMIT 5"
+        ).format(
+            keys,
+            keys,
+            order,
+            staging,
+            keys,
+            sql.SQL(", ").join(sql.Identifier(c) for c in spec.columns),
+        )
+    ).fetchall()
+    if rows:
+        named = "; ".join(
+            ", ".join(f"{k}={v}" for k, v in zip(spec.key, r, strict=True)) for r in rows
+        )
+        place = (
+            "the same position"
+            if positioned
+            else "no position (the output lacks `_file_idx` and `_source_line`)"
+        )
+        raise SinkError(
+            f"sink {spec.name}: window {window_id}'s output `{spec.output}` has rows of one key "
+            f"that differ with the same {spec.order_by} and {place}: {named}; nothing was "
+            f"written. Keep `_file_idx` and `_source_line` in the output (the later record then "
+            f"wins), or make {spec.order_by} tell the rows apart; then "
+            f"`onceflow windows recompute {job} {window_id}` and run the job again."
         )
 
 
@@ -1180,7 +1288,12 @@ def has_contribution(conn: psycopg.Connection, job: str, sink: str, window_id: i
 
 
 def _restate(
-    conn: psycopg.Connection, spec: PostgresSink, staging: sql.Composable, job: str, window_id: int
+    conn: psycopg.Connection,
+    spec: PostgresSink,
+    staging: sql.Composable,
+    job: str,
+    window_id: int,
+    positioned: bool = False,
 ) -> tuple[int, int]:
     """Replace the window's effect in the sink by the staged rows; return the rows written and
     the table's net change in rows."""
@@ -1218,5 +1331,5 @@ def _restate(
             where, sql.Identifier(spec.job_column), sql.Literal(job)
         )
     deleted = conn.execute(sql.SQL("DELETE FROM {} WHERE {}").format(_target(spec), where)).rowcount
-    rows, added = _apply(conn, spec, staging, job, window_id)
+    rows, added = _apply(conn, spec, staging, job, window_id, positioned)
     return rows, added - deleted

@@ -31,6 +31,7 @@ from onceflow.sinks.postgres._columns import table_problems
 from onceflow.sinks.postgres._reconcile import narrow_upsert, reconcile_postgres
 from onceflow.sinks.postgres.commit import (
     COMMIT_ATTEMPTS,
+    POSITION,
     PROTOCOL_DDL,
     Applied,
     CopyWriter,
@@ -263,8 +264,14 @@ class PostgresGroup(SinkGroup):
         if not todo:
             return WindowWrite([])
         try:
+            # An `order_by` sink stages its rows' positions too, where the output keeps them.
+            available = {
+                s.name: outputs[s.output].columns
+                for s in todo
+                if s.order_by is not None and s.output in outputs
+            }
             writers = self._tx.begin_stage(
-                todo, window.window_id, epoch, "w", fenced=self._exactly_once
+                todo, window.window_id, epoch, "w", fenced=self._exactly_once, available=available
             )
         except TransientSinkError as exc:
             # No staging now: `finish` stages each sink on its own, as a retry does.
@@ -286,7 +293,7 @@ class PostgresGroup(SinkGroup):
         if not write.sinks:
             return {}
         staged = [
-            Staged(self.by_name[w.key], w.table, rows_written(results.get(w.key, [])))
+            Staged(self.by_name[w.key], w.table, rows_written(results.get(w.key, [])), w.positioned)
             for w in write.writers
             if isinstance(w, CopyWriter)
         ]
@@ -478,10 +485,16 @@ class PostgresGroup(SinkGroup):
                 reduce(lambda a, b: a | b, [F.col(c) != 0 for c in spec.accumulate])
             )
         elif spec.mode == "upsert":
-            # A key updated by a later window holds only that window's row.
+            # A key updated by a later window holds only that window's row; with `order_by`,
+            # the row of the greatest value, a tie to the later window, file and line (as
+            # `_apply` picks it).
             from pyspark.sql import Window as W
 
-            latest = W.partitionBy(*spec.key).orderBy(F.col(WINDOW_COL).desc())
+            order = [F.col(WINDOW_COL).desc()]
+            if spec.order_by is not None:
+                order = [F.col(spec.order_by).desc_nulls_last(), *order]
+                order += [F.col(c).desc_nulls_last() for c in POSITION if c in expected.columns]
+            latest = W.partitionBy(*spec.key).orderBy(*order)
             expected = (
                 expected.withColumn("__latest", F.row_number().over(latest))
                 .where(F.col("__latest") == 1)
@@ -502,7 +515,7 @@ class PostgresGroup(SinkGroup):
             return expected, actual.where(column.isNull() | keep)
 
         narrow = (
-            narrow_upsert(spec.key, window_col, since, scope.unverifiable)
+            narrow_upsert(spec.key, window_col, since, scope.unverifiable, spec.order_by)
             if scoped_upsert and window_col is not None
             else compared_rows
         )

@@ -130,6 +130,11 @@ class PostgresSink(SinkSpec):
             incremental reconcile find a window's rows.
         job_column: A column holding the job's name, for a table several jobs share (the
             quarantine): every read, delete and check of this job filters on it.
+        order_by: For `upsert`: the column that decides which row of a key the table keeps,
+            the one with the greatest value (a null is the least), within a window and across
+            windows alike; a tie goes to the later position (window, then the output's
+            `_file_idx`, then `_source_line`). Without it, a window gives one row per key and
+            the later window's row wins.
     """
 
     table: str
@@ -140,6 +145,7 @@ class PostgresSink(SinkSpec):
     accumulate: tuple[str, ...] = ()
     window_column: str | None = None
     job_column: str | None = None
+    order_by: str | None = None
 
     kind: ClassVar[str] = "postgres"
 
@@ -170,12 +176,21 @@ class PostgresSink(SinkSpec):
                 f"sink {self.name}: accumulate columns are only for mode accumulate."
             )
         named = [*self.key, *self.accumulate]
-        named += [c for c in (self.window_column, self.job_column) if c is not None]
+        named += [c for c in (self.window_column, self.job_column, self.order_by) if c is not None]
         missing = [c for c in named if c not in self.columns]
         if missing:
             raise ConfigurationError(
-                f"sink {self.name}: columns {missing} are named as key, accumulate, window or "
-                "job column but are not in `columns`."
+                f"sink {self.name}: columns {missing} are named as key, accumulate, window, "
+                "job or order_by column but are not in `columns`."
+            )
+        if self.order_by is not None and self.mode != "upsert":
+            raise ConfigurationError(
+                f"sink {self.name}: order_by is for mode upsert (it picks the row a key keeps)."
+            )
+        if self.order_by is not None and self.order_by in self.key:
+            raise ConfigurationError(
+                f"sink {self.name}: order_by {self.order_by!r} is a key column; name the column "
+                "whose greatest value should win (an `updated_at`)."
             )
         overlap = set(self.key) & set(self.accumulate)
         if overlap:
