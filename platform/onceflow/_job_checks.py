@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING
 
 from onceflow.errors import ConfigurationError
 from onceflow.sinks.base import SinkSpec
-from onceflow.sinks.delta.spec import DeltaSink
-from onceflow.sinks.postgres.spec import QUARANTINE_COLUMNS, PostgresSink
+from onceflow.sinks.postgres.spec import QUARANTINE_COLUMNS
 from onceflow.sources._typed import Schema
 from onceflow.windows import WINDOW_COL
 
@@ -25,9 +24,6 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
     from onceflow.job import Job
-
-# The table `quarantine_table()` writes.
-_QUARANTINE_TABLE = ("onceflow", "quarantine")
 
 
 def source_schema(job: Job) -> Schema | None:
@@ -46,7 +42,7 @@ def typed_sinks(job: Job) -> tuple[SinkSpec, ...]:
     schema = source_schema(job)
     sinks: list[SinkSpec] = []
     for sink in job.sinks:
-        if isinstance(sink, PostgresSink) and sink.untyped_columns:
+        if sink.untyped_columns:
             unknown = [c for c in sink.untyped_columns if schema is None or c not in schema]
             if unknown:
                 has = (
@@ -85,11 +81,7 @@ def check_job(job: Job) -> None:
 
 def _check_quarantine(job: Job) -> None:
     for sink in job.sinks:
-        if (
-            isinstance(sink, PostgresSink)
-            and (sink.schema, sink.table) == _QUARANTINE_TABLE
-            and sink.name != job.quarantine_sink
-        ):
+        if sink.is_quarantine_table and sink.name != job.quarantine_sink:
             fix = (
                 f"add quarantine_sink={sink.name!r} to the Job"
                 if job.quarantine_sink is None
@@ -103,15 +95,14 @@ def _check_quarantine(job: Job) -> None:
     if job.quarantine_sink is None:
         return
     sink = job.sink(job.quarantine_sink)
-    if isinstance(sink, PostgresSink):
-        extra = [c for c in sink.columns if c not in QUARANTINE_COLUMNS]
-        if extra:
-            raise ConfigurationError(
-                f"job {job.name}: sink {sink.name} is the job's quarantine_sink, which receives "
-                f"the invalid records with the columns {list(QUARANTINE_COLUMNS)}; it declares "
-                f"column {extra[0]}, which they do not have. Use quarantine_table({sink.name!r}), "
-                "or declare only those columns."
-            )
+    extra = [c for c, _ in sink.declared_columns() if c not in QUARANTINE_COLUMNS]
+    if extra:
+        raise ConfigurationError(
+            f"job {job.name}: sink {sink.name} is the job's quarantine_sink, which receives "
+            f"the invalid records with the columns {list(QUARANTINE_COLUMNS)}; it declares "
+            f"column {extra[0]}, which they do not have. Use quarantine_table({sink.name!r}), "
+            "or declare only those columns."
+        )
 
 
 def _check_outputs_declared(job: Job) -> None:
@@ -181,7 +172,7 @@ def _needed(job: Job, sink: SinkSpec) -> Sequence[tuple[str, str]]:
     dedupe state sink the dedupe key and `_window_id`."""
     needed = [(c, "declares") for c, _ in sink.declared_columns()]
     dedupe = job.dedupe
-    if dedupe is not None and isinstance(sink, DeltaSink) and sink.name == dedupe.state_sink:
+    if dedupe is not None and sink.holds_dedupe_state and sink.name == dedupe.state_sink:
         why = "holds the dedupe state, which needs"
         needed += [(c, why) for c in (*dedupe.key, "_window_id")]
     return needed

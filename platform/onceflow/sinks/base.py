@@ -163,6 +163,20 @@ class SinkSpec(ABC):
         follow the transform's output and are known only once written)."""
         return ()
 
+    @property
+    def untyped_columns(self) -> list[str]:
+        """Columns declared without a type, to take the type of the source's column."""
+        return []
+
+    def typed(self, types: Mapping[str, str]) -> SinkSpec:
+        """This sink with its untyped columns typed from `types` (the source's columns)."""
+        return self
+
+    @property
+    def is_quarantine_table(self) -> bool:
+        """Whether the sink writes the shared quarantine table (`quarantine_table()`)."""
+        return False
+
 
 class SinkGroup(ABC):
     """Sinks of one kind that a window is committed to together, with their whole protocol."""

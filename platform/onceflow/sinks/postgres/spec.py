@@ -216,6 +216,10 @@ class PostgresSink(SinkSpec):
         """Columns declared without a type (to take their source column's)."""
         return [c for c, t in self.columns.items() if t is None]
 
+    @property
+    def is_quarantine_table(self) -> bool:
+        return (self.schema, self.table) == QUARANTINE_TABLE
+
     def typed(self, types: Mapping[str, str]) -> PostgresSink:
         """This sink with the types of its untyped columns from `types` (source types)."""
         columns = {
@@ -225,6 +229,8 @@ class PostgresSink(SinkSpec):
         return replace(self, columns=columns)
 
 
+# The table `quarantine_table()` writes, shared by every job.
+QUARANTINE_TABLE = ("onceflow", "quarantine")
 QUARANTINE_COLUMNS: dict[str, str] = {
     "job": "text",
     "window_id": "bigint",
