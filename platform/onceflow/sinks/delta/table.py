@@ -109,8 +109,11 @@ class DeltaTableSink:
                     f"sink {self.sink}: Delta table {self.path} is missing. "
                     f"{self._reconcile_hint()}"
                 ) from None
-            # A listing that lags leaves out the newest entries: a snapshot older than the log
-            # read by name would pass for a table that lacks windows.
+            # An object store's listing may lag and leave out the newest entries: a snapshot
+            # older than the log read by name would pass for a table that lacks windows. A
+            # local folder's listing does not lag.
+            if self.path.is_local:
+                return table
             newer = table.version() + 1
             if self._entry(newer) is None:
                 return table

@@ -102,7 +102,24 @@ def table_problems(conn: psycopg.Connection, spec: PostgresSink) -> list[str]:
         return problems
     with conn.transaction(force_rollback=True):
         probe = _probe_copy(conn, spec)
-        problems += _type_problems(conn, spec, probe, columns, present, missing)
+        if present and not _insert_fits(conn, probe, present):
+            # Which columns PostgreSQL cannot store the declared type in: each asked on its own.
+            for name, declared in present.items():
+                if not _insert_fits(conn, probe, {name: declared}):
+                    actual = columns[name].type
+                    problems.append(
+                        f"sink {spec.name}: column {name} of table {table} is {actual}, which "
+                        f"does not take the declared {declared}: `ALTER TABLE {target} ALTER "
+                        f"COLUMN {ident(name)} TYPE {declared} USING {ident(name)}::{declared}`, "
+                        "or declare a type the column takes"
+                    )
+        if spec.mode == "upsert" and not missing and not _upsert_fits(conn, probe, spec):
+            keys = ", ".join(ident(k) for k in spec.key)
+            problems.append(
+                f"sink {spec.name}: an upsert needs a primary key or unique index on "
+                f"({', '.join(spec.key)}) of table {table}: `ALTER TABLE {target} ADD PRIMARY "
+                f"KEY ({keys})`"
+            )
     return problems
 
 
@@ -116,42 +133,6 @@ def _probe_copy(conn: psycopg.Connection, spec: PostgresSink) -> sql.Identifier:
         )
     )
     return sql.Identifier("pg_temp", name)
-
-
-def _type_problems(
-    conn: psycopg.Connection,
-    spec: PostgresSink,
-    probe: sql.Identifier,
-    columns: dict[str, TableColumn],
-    present: dict[str, str],
-    missing: list[str],
-) -> list[str]:
-    target = sql.Identifier(spec.schema, spec.table).as_string(conn)  # in SQL
-    table = f"{spec.schema}.{spec.table}"  # in prose
-
-    def ident(name: str) -> str:
-        return sql.Identifier(name).as_string(conn)
-
-    problems: list[str] = []
-    if present and not _insert_fits(conn, probe, present):
-        # Which columns PostgreSQL cannot store the declared type in: each asked on its own.
-        for name, declared in present.items():
-            if not _insert_fits(conn, probe, {name: declared}):
-                actual = columns[name].type
-                problems.append(
-                    f"sink {spec.name}: column {name} of table {table} is {actual}, which "
-                    f"does not take the declared {declared}: `ALTER TABLE {target} ALTER COLUMN "
-                    f"{ident(name)} TYPE {declared} USING {ident(name)}::{declared}`, or declare "
-                    "a type the column takes"
-                )
-    if spec.mode == "upsert" and not missing and not _upsert_fits(conn, probe, spec):
-        keys = ", ".join(ident(k) for k in spec.key)
-        problems.append(
-            f"sink {spec.name}: an upsert needs a primary key or unique index on "
-            f"({', '.join(spec.key)}) of table {table}: `ALTER TABLE {target} ADD PRIMARY KEY "
-            f"({keys})`"
-        )
-    return problems
 
 
 def _explains(conn: psycopg.Connection, query: sql.Composable) -> bool:

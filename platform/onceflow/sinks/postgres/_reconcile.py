@@ -76,9 +76,10 @@ def _read_ranges(
 
         schema = pa.schema(list(zip(names, types, strict=True)))
         conn: psycopg.Connection | None = None
-        gone: list[str] = []  # the snapshot, once it is known to be gone
+        snapshot_gone = False  # its exporting transaction ended: reading again cannot help
 
         def connect_under_snapshot() -> psycopg.Connection:
+            nonlocal snapshot_gone
             new = psycopg.connect(dsn, application_name=app_name)
             new.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
             new.read_only = True
@@ -90,7 +91,7 @@ def _read_ranges(
                     raise
                 # The exporting transaction ended (the driver lost its connection): the
                 # driver reads again under a new snapshot.
-                gone.append(snapshot)
+                snapshot_gone = True
                 raise psycopg.OperationalError(
                     f"the read's snapshot is gone: {type(exc).__name__}"
                 ) from None
@@ -121,7 +122,7 @@ def _read_ranges(
                     if conn is not None:
                         conn.close()
                         conn = None
-                    if gone or attempt == _RANGE_ATTEMPTS or not is_lost_connection(exc):
+                    if snapshot_gone or attempt == _RANGE_ATTEMPTS or not is_lost_connection(exc):
                         raise
                     time.sleep(delay)
                     delay = min(delay * 2, 2.0)
