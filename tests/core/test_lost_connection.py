@@ -179,6 +179,32 @@ def test_payments_through_lost_commit_answers_make_progress_and_end_exact(
     assert balances_off_the_payments(pg_dsn) == 0
 
 
+def test_a_repair_whose_commit_answer_is_lost_reports_what_it_repaired(
+    spark: Any, pg_dsn: str, lake: Path, landing: Path, tmp_path: Path
+) -> None:
+    generate_payments(landing, records=300, files=2, duplicate_rate=0.1, invalid_rate=0.05)
+    engine = make_engine(spark, pg_dsn, lake, landing, tmp_path / "home")
+    engine.run()
+    with psycopg.connect(pg_dsn) as conn:
+        gone = [r[0] for r in conn.execute(
+            "DELETE FROM public.payments WHERE payment_id IN (SELECT payment_id FROM"
+            " public.payments ORDER BY payment_id LIMIT 3) RETURNING payment_id"
+        )]  # fmt: skip
+    with PgProxy(pg_dsn) as proxy:
+        # The repair transaction locks the sink table first; its COMMIT lands, its answer not.
+        proxy.lose_commit_of("LOCK TABLE")
+        through = make_engine(spark, proxy.dsn(dbname(pg_dsn)), lake, landing, tmp_path / "home")
+        report = reconcile(through)
+        assert proxy.lost("commit") == 1
+    found = {d.sink: d for d in report.sinks if not d.clean}
+    assert set(found) == {"pg_payments"}, report
+    assert (found["pg_payments"].missing, found["pg_payments"].repaired) == (3, True)
+    named = {dict(s.key)["payment_id"] for s in found["pg_payments"].samples}
+    assert named == set(gone)
+    assert_exact(expected_outputs(landing), actual_outputs(pg_dsn, lake))
+    assert balances_off_the_payments(pg_dsn) == 0
+
+
 @pytest.mark.slow
 def test_lost_answers_to_any_statement_end_exact(
     spark: Any, pg_dsn: str, lake: Path, landing: Path, tmp_path: Path

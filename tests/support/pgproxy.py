@@ -99,6 +99,7 @@ class PgProxy:
         self.commits = 0  # COMMITs the clients sent (either protocol)
         self._lose_commit = 0.0
         self._lose_reply = 0.0
+        self._lose_commit_of: list[str] = []
         self._rng = random.Random(0)
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._accept, name="pgproxy", daemon=True)
@@ -129,6 +130,19 @@ class PgProxy:
             self._lose_commit = commits
             self._lose_reply = replies
             self._rng = random.Random(seed)
+
+    def lose_commit_of(self, first_statement: str, count: int = 1) -> None:
+        """Cut the answer to the COMMIT of the next `count` transactions whose first statement
+        (besides BEGIN, SET and the ledger's heartbeat) starts with `first_statement`."""
+        with self._lock:
+            self._lose_commit_of.extend([first_statement.upper()] * count)
+
+    def _chosen_commit(self, conn: _Conn) -> bool:
+        with self._lock:
+            if self._lose_commit_of and conn.tx_first.upper().startswith(self._lose_commit_of[0]):
+                self._lose_commit_of.pop(0)
+                return True
+        return False
 
     def lost(self, kind: str | None = None) -> int:
         """How many answers the proxy swallowed (of one kind: "commit" or "reply")."""
@@ -241,12 +255,13 @@ class PgProxy:
             return
         if kind == b"Q":
             query = payload.rstrip(b"\x00").strip().upper()
+            chosen = query.startswith((b"COMMIT", b"END")) and self._chosen_commit(conn)
             if query.startswith((b"COMMIT", b"END", b"ROLLBACK", b"ABORT")):
                 self._transaction_ends(conn)
             if query.startswith((b"COMMIT", b"END")):
                 with self._lock:
                     self.commits += 1
-                if self._chance(self._lose_commit):
+                if chosen or self._chance(self._lose_commit):
                     self._drop_next_answer(conn, "commit")
             elif self._chance(self._lose_reply):
                 self._drop_next_answer(conn, "reply")
@@ -259,10 +274,11 @@ class PgProxy:
         elif kind == b"S":
             if conn.extended_commit:
                 conn.extended_commit = False
+                chosen = self._chosen_commit(conn)
                 self._transaction_ends(conn)
                 with self._lock:
                     self.commits += 1
-                if self._chance(self._lose_commit):
+                if chosen or self._chance(self._lose_commit):
                     self._drop_next_answer(conn, "commit")
             elif self._chance(self._lose_reply):
                 self._drop_next_answer(conn, "reply")

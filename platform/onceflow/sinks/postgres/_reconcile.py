@@ -230,12 +230,17 @@ def reconcile_postgres(
         job_filter: Only compare rows whose job column is this.
     """
     unanswered: list[Diff] = []  # a repair whose COMMIT got no answer
+    attempts = 0
 
     def attempt() -> Diff:
+        nonlocal attempts
+        attempts += 1
+        # Each attempt writes its own diff: an unanswered repair's diff is still read (for
+        # its report) after a later attempt has compared again.
         try:
             diff = _reconcile_once(
-                spark, dsn, ledger, job, spec, expected, narrow=narrow,
-                key=key, workdir=workdir, epoch=epoch, job_filter=job_filter,
+                spark, dsn, ledger, job, spec, expected, narrow=narrow, key=key,
+                workdir=workdir / f"attempt{attempts}", epoch=epoch, job_filter=job_filter,
             )  # fmt: skip
         except _RepairUnanswered as lost:
             unanswered.append(lost.diff)
