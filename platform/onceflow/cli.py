@@ -1,4 +1,8 @@
-"""The `onceflow` command line: run, status, reconcile, restate, validate, jobs, generate, demo."""
+"""The `onceflow` command line: it presents the operations of `onceflow.ops` (run, backfill,
+restate, recover, skip, reconcile, validate, status) and the tools (jobs, generate, demo, servers).
+
+`--json` prints one JSON object on stdout (logs and progress stay on stderr); the exit codes are
+`onceflow.ops`' (EXIT_*), documented in the README."""
 
 from __future__ import annotations
 
@@ -13,17 +17,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from onceflow.errors import ConfigurationError, FencedError, OnceflowError
+from onceflow import ops
+from onceflow.errors import ConfigurationError, OnceflowError
+from onceflow.ops import (
+    EXIT_CHECKS_FAILED,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_PIPE_CLOSED,
+)
 from onceflow.postgres import redact
 
 _log = logging.getLogger("onceflow")
-
-EXIT_FAILED = 1
-EXIT_FENCED = 3
-EXIT_CHECKS_FAILED = 4
-
-
-EXIT_PIPE_CLOSED = 141  # as a shell reports a command ended by SIGPIPE
 
 # Where this process's Spark writes its log, once a session is started (for messages).
 _spark_log: Path | None = None
@@ -96,6 +101,16 @@ def _units(offsets: dict[str, Any]) -> str:
     return "input"
 
 
+def _emit(result: Any) -> None:
+    """The result as one JSON object on stdout."""
+    print(json.dumps(result.as_json(), indent=2, default=str))
+
+
+def _echo_to(args: argparse.Namespace) -> Any:
+    """Where a command's lines go: stdout, or stderr when stdout carries the JSON result."""
+    return sys.stderr if getattr(args, "json", False) else None
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     engine = _engine(args.job, args.guarantee, check_input=True)
     stop = threading.Event()
@@ -117,36 +132,91 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         def on_window(window: Any) -> None:
             progress.advance(1, int((window.stats or {}).get("rows_in", 0)))
-            progress.echo(_window_line(window))
+            progress.echo(_window_line(window), _echo_to(args))
 
-        result = engine.run(
+        result = ops.run(
+            engine,
+            run_id=args.run_id,
             max_units_per_window=args.max_files_per_window,
             follow=args.follow,
             poll_interval_s=args.poll_interval,
             stop=stop,
             on_window=on_window,
         )
-    print(f"run {result.run_id} (epoch {result.epoch}): {len(result.windows)} window(s)")
-    return 0
+    if args.json:
+        _emit(result)
+    else:
+        print(f"run {result.run_id} (epoch {result.epoch}): {len(result.windows)} window(s)")
+    return EXIT_OK
+
+
+def cmd_backfill(args: argparse.Namespace) -> int:
+    from onceflow.windows import parse_windows
+
+    engine = _engine(args.job)
+    result = ops.backfill(engine, parse_windows(args.windows), run_id=args.run_id)
+    if args.json:
+        _emit(result)
+        return EXIT_OK
+    for wid in result.noop_windows:
+        print(f"window {wid}: already committed in every sink; nothing changed")
+    for note in result.notes:
+        print(note)
+    for window in result.committed:
+        sinks = ", ".join(f"{s.sink}={s.rows}" for s in window.sinks if s.committed)
+        print(f"window {window.window_id}: backfilled ({sinks})")
+    return EXIT_OK
+
+
+def cmd_recover(args: argparse.Namespace) -> int:
+    from onceflow.progress import Progress
+    from onceflow.reconcile import format_report
+    from onceflow.windows import format_windows
+
+    engine = _engine(args.job)
+    with Progress(f"recover {args.job}", unit="steps") as progress:
+        result = ops.recover(
+            engine,
+            run_id=args.run_id,
+            verify_last=args.verify_last,
+            reconcile=args.reconcile,
+            dry_run=args.dry_run,
+            on_step=progress.phase,
+        )
+    code = EXIT_OK if result.ok else EXIT_CHECKS_FAILED
+    if args.json:
+        _emit(result)
+        return code
+    for sink, ids in result.restored.items():
+        print(f"{sink} had lost committed windows {format_windows(ids)}; replayed")
+    replayed = [w.window_id for w in result.replayed if not w.noop]
+    print(
+        f"recover {result.run_id}: {len(replayed)} window(s) replayed "
+        f"({format_windows(replayed) or 'none'}); {len(result.verified)} verified, "
+        f"{len(result.incomplete)} incomplete"
+    )
+    for wid, sinks in result.incomplete.items():
+        print(f"window {wid}: not held by {', '.join(sinks)}")
+    if result.reconcile is not None:
+        print(format_report(result.reconcile))
+    return code
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from onceflow.status import job_status
-
     engine = _engine(args.job, spark=False)
-    status = job_status(engine)
+    result = ops.status(engine)
     if args.json:
-        print(json.dumps(status, indent=2, default=str))
+        _emit(result)
     else:
         from onceflow.status import format_status
 
-        print(format_status(status))
-    return 0
+        print(format_status(result.status))
+    return EXIT_OK
 
 
 def cmd_reconcile(args: argparse.Namespace) -> int:
     from onceflow.progress import Progress
-    from onceflow.reconcile import format_report, reconcile
+    from onceflow.reconcile import format_report
 
     engine = _engine(args.job)
     with Progress(f"reconcile {args.job}", total=len(engine.job.sinks), unit="sinks") as progress:
@@ -156,7 +226,7 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
                 progress.advance()
             progress.phase(text)
 
-        report = reconcile(
+        report = ops.reconcile(
             engine,
             dry_run=args.dry_run,
             mode="incremental" if args.incremental else "full",
@@ -170,8 +240,6 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
 
 
 def cmd_restate(args: argparse.Namespace) -> int:
-    from onceflow.errors import ConfigurationError
-    from onceflow.restate import restate_windows
     from onceflow.windows import parse_windows
 
     if args.cancel is not None:
@@ -180,18 +248,25 @@ def cmd_restate(args: argparse.Namespace) -> int:
         raise ConfigurationError("name the windows to restate (--windows 3-7).")
     ids = parse_windows(args.windows) if args.windows is not None else []
     engine = _engine(args.job)
-    results = restate_windows(
-        engine, ids, request_id=args.request_id, source_replaced=args.source_replaced
+    done = ops.restate(
+        engine,
+        ids,
+        run_id=args.run_id,
+        request_id=args.request_id,
+        source_replaced=args.source_replaced,
     )
-    if args.source_replaced and not results:
+    if args.json:
+        _emit(done)
+        return EXIT_OK
+    if args.source_replaced and not done.windows:
         print("no window's input was replaced; nothing was restated")
-    for result in results:
+    for result in done.windows:
         if result.noop:
             print(f"window {result.window_id}: this request already restated it; nothing changed")
             continue
-        sinks = ", ".join(f"{n}={s.rows}" for n, s in result.sinks.items())
+        sinks = ", ".join(f"{s.sink}={s.rows}" for s in result.sinks)
         print(f"window {result.window_id}: restated in every sink ({sinks})")
-    return 0
+    return EXIT_OK
 
 
 def _cancel_restatement(args: argparse.Namespace) -> int:
@@ -217,9 +292,9 @@ def cmd_windows_skip(args: argparse.Namespace) -> int:
     from onceflow.windows import format_windows, parse_windows
 
     engine = _engine(args.job, spark=False)
-    skipped = engine.skip(parse_windows(args.windows), args.reason)
+    skipped = ops.skip(engine, parse_windows(args.windows), args.reason, run_id=args.run_id)
     print(
-        f"windows {format_windows(skipped)} of {args.job} skipped: {args.reason.strip()}. They "
+        f"windows {format_windows(list(skipped.windows))} of {args.job} skipped: {args.reason.strip()}. They "
         "stay listed in `onceflow status` and reconcile reports; their input stays taken."
     )
     return 0
@@ -282,12 +357,15 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from onceflow.progress import Progress
-    from onceflow.validation import validate_job
 
     engine = _engine(args.job)
     with Progress(f"validate {args.job}", unit="sinks") as progress:
         progress.phase(f"checking {', '.join(s.name for s in engine.job.sinks)}")
-        report = validate_job(engine)
+        done = ops.validate(engine)
+    report = done.report
+    if args.json:
+        _emit(done)
+        return EXIT_OK if report.passed else EXIT_CHECKS_FAILED
     for result in report.results:
         mark = "ok  " if result.passed else "FAIL"
         print(f"{mark} {result.sink}: {result.check} {result.observed}")
@@ -390,6 +468,21 @@ def cmd_s3_server(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_run_id(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--run-id",
+        default=None,
+        help="name this request: run again with the same id, it is the same request (a retry "
+        "commits or restates nothing twice)",
+    )
+
+
+def _add_json(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--json", action="store_true", help="print the result as one JSON object on stdout"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="onceflow", description="Exactly-once Spark jobs into Delta Lake and PostgreSQL."
@@ -410,20 +503,44 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--poll-interval", type=float, default=1.0)
     run.add_argument("--guarantee", choices=["exactly_once", "at_least_once", "none"], default=None)
+    _add_run_id(run)
+    _add_json(run)
     run.set_defaults(func=cmd_run)
+
+    bf = sub.add_parser("backfill", help="bring chosen past windows into every sink")
+    bf.add_argument("job")
+    bf.add_argument("--windows", required=True, help="window ids, e.g. 3-7 or 3,5,9-10")
+    _add_run_id(bf)
+    _add_json(bf)
+    bf.set_defaults(func=cmd_backfill)
+
+    rcv = sub.add_parser(
+        "recover",
+        help="put back lost windows, replay pending ones, verify every sink, reconcile",
+    )
+    rcv.add_argument("job")
+    rcv.add_argument(
+        "--verify-last",
+        type=int,
+        default=ops.VERIFY_LAST,
+        help=f"verify the last N windows (0: every window; default {ops.VERIFY_LAST})",
+    )
+    rcv.add_argument("--reconcile", choices=["incremental", "full", "off"], default="incremental")
+    rcv.add_argument("--dry-run", action="store_true", help="reconcile reports, repairs nothing")
+    _add_run_id(rcv)
+    _add_json(rcv)
+    rcv.set_defaults(func=cmd_recover)
 
     status = sub.add_parser("status", help="windows, offsets, per-sink commit state, lag")
     status.add_argument("job")
-    status.add_argument("--json", action="store_true")
+    _add_json(status)
     status.set_defaults(func=cmd_status)
 
     rec = sub.add_parser("reconcile", help="diff every sink against the expected state, repair")
     rec.add_argument("job")
     rec.add_argument("--dry-run", action="store_true")
     rec.add_argument("--incremental", action="store_true")
-    rec.add_argument(
-        "--json", action="store_true", help="the report as JSON (counts and differing keys)"
-    )
+    _add_json(rec)
     rec.set_defaults(func=cmd_reconcile)
 
     res = sub.add_parser("restate", help="replace chosen windows' effect in every sink")
@@ -448,6 +565,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="name the request so that running it again restates each window once",
     )
     res.add_argument("--reason", default=None, help="with --cancel: why; shown in status")
+    _add_run_id(res)
+    _add_json(res)
     res.set_defaults(func=cmd_restate)
 
     win = sub.add_parser("windows", help="operator actions on a job's windows")
@@ -459,6 +578,7 @@ def build_parser() -> argparse.ArgumentParser:
     skip.add_argument("job")
     skip.add_argument("windows", help="window ids, e.g. 7 or 7-9")
     skip.add_argument("--reason", required=True, help="why; shown in status and reconcile")
+    _add_run_id(skip)
     skip.set_defaults(func=cmd_windows_skip)
     recompute = win_sub.add_parser(
         "recompute",
@@ -483,6 +603,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     val = sub.add_parser("validate", help="run the Great Expectations suites")
     val.add_argument("job")
+    _add_json(val)
     val.set_defaults(func=cmd_validate)
 
     gen = sub.add_parser("generate", help="write synthetic input into the landing folder")
@@ -602,6 +723,26 @@ def _traceback(exc: BaseException) -> str:
     return redact(between.join(reversed(parts)))
 
 
+def _emit_failure(args: argparse.Namespace, exc: BaseException, code: int, message: str) -> None:
+    """With --json, the failure as the one JSON object on stdout (its message also on stderr)."""
+    if not getattr(args, "json", False):
+        return
+    failure = {
+        "operation": args.command,
+        "ok": False,
+        "error": type(exc).__name__,
+        "message": message,
+        "retryable": code == ops.EXIT_RETRYABLE,
+        "needs_recovery": code == ops.EXIT_NEEDS_RECOVERY,
+        "exit_code": code,
+    }
+    try:
+        print(json.dumps(failure, indent=2))
+        sys.stdout.flush()
+    except OSError:  # nobody reads stdout any more; stderr has said it
+        pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `onceflow` console script."""
     from onceflow.postgres import release_embedded
@@ -623,24 +764,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = int(args.func(args))
         sys.stdout.flush()  # here, where a closed pipe is caught, not at the interpreter's exit
         return code
-    except FencedError as exc:
-        if debug:
-            print(_traceback(exc), file=sys.stderr)
-        print(f"onceflow: {redact(exc.message)}", file=sys.stderr)
-        return EXIT_FENCED
     except OnceflowError as exc:
         if debug:
             print(_traceback(exc), file=sys.stderr)
-        log = (
-            f" Spark's log: {_spark_log}."
-            if _spark_log is not None and not isinstance(exc, ConfigurationError)
-            else ""
-        )
-        print(f"onceflow: {args.command} failed: {redact(exc.message)}{log}", file=sys.stderr)
-        return EXIT_FAILED
+        code = ops.exit_code(exc)
+        if code == ops.EXIT_FENCED:
+            print(f"onceflow: {redact(exc.message)}", file=sys.stderr)
+        else:
+            log = (
+                f" Spark's log: {_spark_log}."
+                if _spark_log is not None and not isinstance(exc, ConfigurationError)
+                else ""
+            )
+            print(f"onceflow: {args.command} failed: {redact(exc.message)}{log}", file=sys.stderr)
+        _emit_failure(args, exc, code, redact(exc.message))
+        return code
     except KeyboardInterrupt:
         print("onceflow: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     except Exception as exc:
         if isinstance(exc, BrokenPipeError) and _stdout_closed():
             # Whoever read our output has stopped (`| head`): end quietly, as a shell tool
@@ -650,13 +791,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if debug:
             print(_traceback(exc), file=sys.stderr)
         log = f" Spark's log: {_spark_log}." if _spark_log is not None else ""
+        summary = redact(_summary(exc))[:500]
         print(
             f"onceflow: {args.command} failed with an unexpected {type(exc).__name__}: "
-            f"{redact(_summary(exc))[:500]}. Nothing is lost: committed windows stay committed "
+            f"{summary}. Nothing is lost: committed windows stay committed "
             f"and the next run replays the rest.{log}"
             + ("" if debug else " Set ONCEFLOW_DEBUG=1 for the whole traceback."),
             file=sys.stderr,
         )
+        _emit_failure(args, exc, EXIT_FAILED, summary)
         return EXIT_FAILED
     finally:
         release_embedded()
