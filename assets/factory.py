@@ -49,9 +49,10 @@ from assets.runs import (
     run_windows,
     sink_metadata,
 )
-from onceflow.engine import Engine
+from onceflow import ops
 from onceflow.job import Job
 from onceflow.lineage import lineage
+from onceflow.reconcile import ReconcileReport
 from onceflow.windows import format_windows
 from resources import OnceflowSettingsResource, PostgresResource, SparkResource
 from resources._annotations import typed
@@ -269,26 +270,29 @@ def _recovery_asset(job: Job, sinks: AssetsDefinition) -> AssetsDefinition:
         onceflow: OnceflowSettingsResource,
     ) -> MaterializeResult:
         engine = make_engine(job, spark, postgres, onceflow)
-        # Pending windows first, then input no window has planned yet (a run that died before
-        # planning it left it there): nothing visible is left behind.
-        recovered = engine.recover(context.run_id)
+        # `onceflow.ops.recover`: lost windows put back, pending windows and unplanned input
+        # committed, the last windows verified, then reconcile.
+        recovered = ops.recover(
+            engine,
+            run_id=context.run_id,
+            verify_last=config.verify_last,
+            reconcile=config.reconcile,
+            dry_run=config.dry_run,
+        )
         for sink, ids in recovered.restored.items():
             context.log.warning(
                 f"{sink} had lost committed windows {format_windows(ids)}; replayed"
             )
-        replayed = recovered.run.windows
+        replayed = recovered.replayed
         for window in replayed:
             context.log.info(
                 f"window {window.window_id}: "
                 + ("already committed in every sink" if window.noop else "replayed")
             )
-        windows = engine.ledger.windows()
-        if config.verify_last:
-            windows = windows[-config.verify_last :]
-        incomplete = engine.incomplete_windows(windows)
+        incomplete = recovered.incomplete
         metadata: dict[str, Any] = {
             "windows_replayed": MetadataValue.int(sum(1 for w in replayed if not w.noop)),
-            "windows_verified": MetadataValue.int(len(windows)),
+            "windows_verified": MetadataValue.int(len(recovered.verified)),
             "windows_incomplete": MetadataValue.int(len(incomplete)),
             "replayed": MetadataValue.text(
                 format_windows([w.window_id for w in replayed if not w.noop]) or "none"
@@ -296,7 +300,7 @@ def _recovery_asset(job: Job, sinks: AssetsDefinition) -> AssetsDefinition:
             "windows_restored": MetadataValue.json(recovered.restored),
             **open_items_metadata(engine),
         }
-        metadata.update(_reconcile(engine, config, context))
+        metadata.update(_reconcile_metadata(recovered.reconcile, config))
         return MaterializeResult(
             metadata=metadata,
             check_results=[
@@ -342,14 +346,9 @@ def _recovery_asset(job: Job, sinks: AssetsDefinition) -> AssetsDefinition:
     return _recover
 
 
-def _reconcile(
-    engine: Engine, config: RecoveryConfig, context: AssetExecutionContext
-) -> dict[str, Any]:
-    if config.reconcile == "off":
+def _reconcile_metadata(report: ReconcileReport | None, config: RecoveryConfig) -> dict[str, Any]:
+    if report is None:
         return {"reconcile": MetadataValue.text("off")}
-    from onceflow.reconcile import reconcile
-
-    report = reconcile(engine, dry_run=config.dry_run, mode=config.reconcile)
     metadata: dict[str, Any] = {
         "reconcile": MetadataValue.text(
             config.reconcile + (" (dry run)" if config.dry_run else "")

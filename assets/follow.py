@@ -41,15 +41,16 @@ from assets.catalog import LINEAGE_WINDOWS, lineage_table, lineage_view
 from assets.checks import CHECK_NAME, FRESHNESS_CHECK, run_freshness, run_quality
 from assets.runs import (
     TRANSIENT_RETRY_POLICY,
-    RunReport,
     at_boundary,
     iter_at_boundary,
     make_engine,
     sink_metadata,
 )
+from onceflow import ops
 from onceflow.engine import Engine, WindowResult
 from onceflow.job import Job
 from onceflow.lineage import lineage
+from onceflow.ops import WindowDone, WindowsResult
 from resources import OnceflowSettingsResource, PostgresResource, SparkResource
 from resources._annotations import typed
 from sensors.failure import INTERRUPTED, JOB_TAG, KIND_TAG, MAX_RETRIES_TAG
@@ -195,7 +196,8 @@ def _follow_events(
 
     def work() -> None:
         try:
-            engine.run(
+            ops.run(
+                engine,
                 max_units_per_window=config.max_files_per_window,
                 run_id=context.run_id,
                 follow=True,
@@ -296,7 +298,8 @@ def _window_events(
     """One materialisation per sink asset the window changed: the window's own metadata."""
     if window.noop:
         return
-    report = RunReport("follow", [window])
+    done = WindowDone.of(window)
+    report = WindowsResult("follow", engine.job.name, "", (done,))
     recent = lineage(engine.dsn, engine.job.name, limit=LINEAGE_WINDOWS)
     gaps = engine.ledger.abandoned_reasons()
     for spec in engine.job.sinks:

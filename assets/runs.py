@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from dagster import Backoff, Failure, Jitter, MetadataValue, RetryPolicy, RetryRequested
 
 from assets.config import WindowRunConfig
-from onceflow.engine import Engine, WindowResult, build_engine
+from onceflow import ops
+from onceflow.engine import Engine, build_engine
 from onceflow.errors import ConfigurationError, OnceflowError, is_terminal, needs_recovery
 from onceflow.job import Job
+from onceflow.ops import WindowsResult
 from onceflow.postgres import redact
-from onceflow.restate import cancel_command, request_of, restate_windows
+from onceflow.restate import cancel_command, request_of
 from onceflow.status import open_items
 from onceflow.windows import format_windows, parse_windows
 from resources import OnceflowSettingsResource, PostgresResource, SparkResource
@@ -30,6 +31,9 @@ TRANSIENT_RETRY_POLICY = RetryPolicy(
 )
 
 T = TypeVar("T")
+
+# The `mode` a materialisation reports, by operation.
+MODES = {"run": "new data", "backfill": "backfill", "restate": "restate", "follow": "follow"}
 
 
 class _RunContext(Protocol):
@@ -140,20 +144,10 @@ def as_failure(exc: Exception) -> Failure:
     )
 
 
-@dataclass
-class RunReport:
-    """What one run did: the windows the engine processed and those it found already done."""
-
-    mode: str
-    windows: list[WindowResult] = field(default_factory=list)
-    noop_windows: list[int] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-
 def run_windows(
     engine: Engine, config: WindowRunConfig, run_id: str, request_id: str, log: Any
-) -> RunReport:
-    """Process new data, or backfill / restate the windows `config` names.
+) -> WindowsResult:
+    """Process new data, or backfill / restate the windows `config` names (`onceflow.ops`).
 
     Args:
         engine: The job's engine.
@@ -168,44 +162,36 @@ def run_windows(
             raise ConfigurationError(
                 "restate needs `windows`: name the windows to restate, e.g. 3-7."
             )
-        result = engine.run(max_units_per_window=config.max_files_per_window, run_id=run_id)
-        report = RunReport("new data", result.windows)
+        report = ops.run(engine, run_id=run_id, max_units_per_window=config.max_files_per_window)
     else:
         ids = parse_windows(config.windows)
         if config.restate:
-            report = RunReport(
-                "restate", restate_windows(engine, ids, request_id=request_id, run_id=run_id)
-            )
+            report = ops.restate(engine, ids, run_id=run_id, request_id=request_id)
         else:
-            done = engine.backfill(ids, run_id)
-            report = RunReport("backfill", done.windows, done.noop_windows, done.notes)
+            report = ops.backfill(engine, ids, run_id=run_id)
     _log_windows(report, log)
     return report
 
 
-def _log_windows(report: RunReport, log: Any) -> None:
+def _log_windows(report: WindowsResult, log: Any) -> None:
     for wid in report.noop_windows:
         log.info(f"window {wid} already committed in every sink; nothing changed")
     for note in report.notes:
         log.warning(note)
     if not report.windows and not report.noop_windows:
         log.info("no pending windows and no new input; nothing changed")
-    for window in report.windows:
-        if window.noop:
-            report.noop_windows.append(window.window_id)
-            log.info(f"window {window.window_id} already committed in every sink; nothing changed")
-            continue
-        done = sorted(n for n, s in window.sinks.items() if s.committed)
-        held = sorted(n for n, s in window.sinks.items() if s.already_committed)
+    for window in report.committed:
+        done = sorted(s.sink for s in window.sinks if s.committed)
+        held = sorted(s.sink for s in window.sinks if s.already_committed)
         log.info(
-            f"window {window.window_id}: {report.mode}, committed to {', '.join(done)}"
+            f"window {window.window_id}: {MODES[report.kind]}, committed to {', '.join(done)}"
             + (f"; already held by {', '.join(held)}" if held else "")
         )
 
 
-def sink_metadata(report: RunReport, sink: str, data_version: int | None) -> dict[str, Any]:
+def sink_metadata(report: WindowsResult, sink: str, data_version: int | None) -> dict[str, Any]:
     """Materialisation metadata of one sink asset for one run; counts as ints so the UI plots."""
-    mine = [(w, w.sinks[sink]) for w in report.windows if sink in w.sinks]
+    mine = [(w, o) for w in report.windows if (o := w.sink(sink)) is not None]
     committed = [w for w, outcome in mine if outcome.committed]
     already = sorted(
         {w.window_id for w, o in mine if o.already_committed} | set(report.noop_windows)
@@ -216,7 +202,7 @@ def sink_metadata(report: RunReport, sink: str, data_version: int | None) -> dic
         return sum(int(w.stats.get(key, 0) or 0) for w in committed)
 
     metadata: dict[str, Any] = {
-        "mode": MetadataValue.text(report.mode),
+        "mode": MetadataValue.text(MODES[report.kind]),
         "windows": MetadataValue.text(format_windows(seen) or "none"),
         "windows_committed": MetadataValue.int(len(committed)),
         "windows_already_committed": MetadataValue.int(len(already)),
@@ -239,7 +225,7 @@ def sink_metadata(report: RunReport, sink: str, data_version: int | None) -> dic
                 for w in committed[-MAX_OFFSETS_IN_METADATA:]
             }
         )
-    xids = [o.xid for _, o in mine if o.committed and o.xid]
+    xids = [o.commit_ref for _, o in mine if o.committed and o.commit_ref]
     if xids:
         metadata["transaction_id"] = MetadataValue.text(xids[-1])
     if data_version is not None:
