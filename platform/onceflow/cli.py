@@ -293,9 +293,13 @@ def cmd_windows_skip(args: argparse.Namespace) -> int:
 
     engine = _engine(args.job, spark=False)
     skipped = ops.skip(engine, parse_windows(args.windows), args.reason, run_id=args.run_id)
+    if args.json:
+        _emit(skipped)
+        return EXIT_OK
     print(
-        f"windows {format_windows(list(skipped.windows))} of {args.job} skipped: {args.reason.strip()}. They "
-        "stay listed in `onceflow status` and reconcile reports; their input stays taken."
+        f"windows {format_windows(list(skipped.windows))} of {args.job} skipped: "
+        f"{skipped.reason}. They stay listed in `onceflow status` and reconcile reports; "
+        "their input stays taken."
     )
     return 0
 
@@ -579,6 +583,7 @@ def build_parser() -> argparse.ArgumentParser:
     skip.add_argument("windows", help="window ids, e.g. 7 or 7-9")
     skip.add_argument("--reason", required=True, help="why; shown in status and reconcile")
     _add_run_id(skip)
+    _add_json(skip)
     skip.set_defaults(func=cmd_windows_skip)
     recompute = win_sub.add_parser(
         "recompute",

@@ -8,6 +8,8 @@ and executor round trip is retried or decided by what it wrote; a server gone fo
 
 from __future__ import annotations
 
+import json
+import os
 import socket
 import time
 from collections import Counter
@@ -283,11 +285,17 @@ def test_cli_run_against_an_unreachable_server_names_it_without_credentials(
         "ONCEFLOW_POSTGRES_DSN": f"postgresql://etl:s3cret-pw@127.0.0.1:{port}/ledger",
         "ONCEFLOW_PG_RETRY_S": "1",
         "GX_ANALYTICS_ENABLED": "false",
+        # The code under test where it is not the installed one (a worktree).
+        **{k: v for k, v in os.environ.items() if k == "PYTHONPATH"},
     }
     (tmp_path / "landing" / JOB).mkdir(parents=True)  # the source folder exists, empty
-    done = CliRun(["run", JOB], env, tmp_path / "logs").finish(timeout=120)
-    assert done.returncode == 1, done.stderr[-2000:]
+    done = CliRun(["run", JOB, "--json"], env, tmp_path / "logs").finish(timeout=120)
+    # Retryable: the same command may succeed once the server is back (EX_TEMPFAIL).
+    assert done.returncode == 75, done.stderr[-2000:]
     assert done.stderr.startswith("onceflow: run failed: could not connect")  # one paragraph
     assert "database ledger on 127.0.0.1" in done.stderr
     assert "could not connect" in done.stderr and "ONCEFLOW_PG_RETRY_S" in done.stderr
     assert "s3cret" not in done.stderr + done.stdout
+    failure = json.loads(done.stdout)  # the one JSON object on stdout
+    assert failure["error"] == "PostgresUnavailableError" and failure["retryable"] is True
+    assert (failure["ok"], failure["exit_code"]) == (False, 75)
