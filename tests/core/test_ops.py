@@ -3,6 +3,7 @@ after a real killed run, and a run id given twice being one request."""
 
 from __future__ import annotations
 
+import ast
 import json
 import signal
 from pathlib import Path
@@ -22,11 +23,13 @@ from onceflow.errors import (
 from onceflow.generate import generate_payments
 from onceflow.jobs.payments import PAYMENTS
 from onceflow.settings import Settings
-from tests.support.cli import CliRun, cli_env
+from tests.support.cli import REPO, CliRun, cli_env
 from tests.support.oracle import expected_outputs
 from tests.support.outputs import actual_outputs, assert_exact
 
-pytestmark = pytest.mark.slow
+# What only `onceflow.ops` calls: the engine's operations and the functions behind them.
+_ENGINE_OPERATIONS = {"run", "backfill", "recover", "skip", "restate", "replay_lacking"}
+_OPERATION_FUNCTIONS = {"restate_windows", "validate_job", "job_status", "reconcile"}
 
 
 def _settings(tmp_path: Path, dsn: str, lake: Path, landing: Path) -> Settings:
@@ -42,6 +45,7 @@ def _restatements(dsn: str) -> list[tuple[int, str]]:
     return [(int(w), str(r)) for w, r in rows]
 
 
+@pytest.mark.slow
 def test_run_result_and_a_run_id_given_twice_is_one_request(
     spark: Any, pg_dsn: str, tmp_path: Path, lake: Path, landing: Path
 ) -> None:
@@ -88,6 +92,7 @@ def test_run_result_and_a_run_id_given_twice_is_one_request(
     json.dumps(status, default=str)
 
 
+@pytest.mark.slow
 def test_recover_after_a_killed_run_is_exact(
     spark: Any, pg_dsn: str, tmp_path: Path, lake: Path, landing: Path
 ) -> None:
@@ -127,3 +132,24 @@ def test_exit_codes_tell_retryable_from_recoverable_from_terminal() -> None:
     assert ops.exit_code(FencedError("newer run")) == ops.EXIT_FENCED
     assert ops.exit_code(ConfigurationError("wrong")) == ops.EXIT_FAILED
     assert ops.exit_code(RuntimeError("unknown")) == ops.EXIT_FAILED
+
+
+def test_the_cli_and_the_dagster_layer_only_present_ops() -> None:
+    """Neither the CLI nor the Dagster layer runs an operation itself: a second orchestrator
+    gets the same behaviour from `onceflow.ops` without copying either."""
+    files = [REPO / "platform" / "onceflow" / "cli.py", *sorted((REPO / "assets").glob("*.py"))]
+    found = []
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func
+            on_engine = (
+                isinstance(func, ast.Attribute)
+                and func.attr in _ENGINE_OPERATIONS
+                and isinstance(func.value, ast.Name)
+                and func.value.id == "engine"
+            )
+            if on_engine or (isinstance(func, ast.Name) and func.id in _OPERATION_FUNCTIONS):
+                found.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert found == [], f"operations run outside onceflow.ops: {found}"
