@@ -384,37 +384,6 @@ class DeltaTableSink:
         writer = self.file_writer("files", "df", spark_schema_to_arrow(df), window_id, epoch)
         return add_actions(run_writers({"df": df}, [writer])[writer.key])
 
-    def held(self, window_id: int, epoch: int) -> bool:
-        """Whether the table holds `window_id` already (FencedError if a newer run claimed it)."""
-        if not self.exists():
-            return False
-        table = self.table()
-        self._check(table, window_id, epoch)
-        return (table.transaction_version(self.app_id) or 0) >= window_id
-
-    def commit_window(
-        self,
-        df: DataFrame,
-        *,
-        window_id: int,
-        epoch: int,
-        run_id: str,
-        offsets: dict[str, Any],
-        exactly_once: bool = True,
-    ) -> DeltaCommit:
-        """Write `df` and commit it as the window, unless the table already holds it."""
-        self.ensure_table(spark_schema_to_arrow(df))
-        if exactly_once and self.held(window_id, epoch):
-            return DeltaCommit(None, 0, True)
-        return self.commit_files(
-            self.write_files(df, window_id, epoch),
-            window_id=window_id,
-            epoch=epoch,
-            run_id=run_id,
-            offsets=offsets,
-            exactly_once=exactly_once,
-        )
-
     def commit_files(
         self,
         adds: list[AddAction],
