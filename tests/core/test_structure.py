@@ -183,3 +183,17 @@ def test_the_dagster_layer_imports_only_dagsters_public_api() -> None:
                 and any(part.startswith("_") for part in name.split(".")[1:])
             ]
     assert private == []
+
+
+def test_the_engine_is_a_facade_over_one_module_per_stage() -> None:
+    """A window's stages each a module of their own; the engine a facade; the modules of the
+    window's way and of the ledger small."""
+    stages = ["plan", "compute", "prepare", "commit", "complete"]
+    assert all((CORE / "window" / f"{stage}.py").is_file() for stage in stages)
+    assert len((CORE / "engine.py").read_text().splitlines()) < 300
+    big = {
+        str(p.relative_to(CORE)): n
+        for p in _files(CORE / "window", CORE / "runs", CORE / "ledger.py")
+        if (n := len(p.read_text().splitlines())) > 600
+    }
+    assert big == {}
