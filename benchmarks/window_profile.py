@@ -197,23 +197,25 @@ def install_timers() -> Timers:
     from pyspark.sql.classic.dataframe import DataFrame  # what a local session makes
 
     from onceflow._keyindex import KeyIndex
-    from onceflow.engine import Engine
     from onceflow.sinks.delta.group import DeltaGroup
     from onceflow.sinks.postgres.group import PostgresGroup
+    from onceflow.window import commit, pipeline, prepare
+    from onceflow.window.context import JobContext
 
     timers = Timers()
     count_round_trips(timers)
-    timers.wrap(Engine, "_prepare", "prepare (planning + Spark job)")
-    timers.wrap(Engine, "outputs", "  planning the outputs")
-    timers.wrap(Engine, "committed_sinks", "  which sinks hold the window")
+    # The stages, where the module calling each looks it up.
+    timers.wrap(pipeline, "prepare", "prepare (planning + Spark job)")
+    timers.wrap(prepare, "outputs", "  planning the outputs")
+    timers.wrap(JobContext, "committed_sinks", "  which sinks hold the window")
     timers.wrap(PostgresGroup, "begin", "  the PostgreSQL staging tables")
     timers.wrap(DeltaGroup, "begin", "  the Delta writers")
     timers.wrap(KeyIndex, "staging_writer", "  the key staging table")
     timers.wrap(DataFrame, "collect", "  the Spark job (collect)")
-    timers.wrap(Engine, "_commit", "commit (every sink, key index)")
+    timers.wrap(pipeline, "commit", "commit (every sink, key index)")
     timers.wrap(PostgresGroup, "finish", "  the PostgreSQL sinks' transaction")
     timers.wrap(DeltaGroup, "finish", "  the Delta sinks' commits")
-    timers.wrap(Engine, "_complete", "  completed, keys into the index")
+    timers.wrap(commit, "complete", "  completed, keys into the index")
     return timers
 
 

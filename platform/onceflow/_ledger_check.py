@@ -6,7 +6,7 @@ relies on is checked here, and what cannot be checked is harmless:
 - `windows` lost, `source_units` kept: units taken by windows that are neither planned nor
   held by any sink would never be planned again. Their index rows are removed, so their input
   is new again (windows a sink holds were put back from its records by `rebuild_ledger`).
-- `source_units` lost: rebuilt from the windows' offsets (`Engine.rebuild_ledger`).
+- `source_units` lost: rebuilt from the windows' offsets (`JobContext.rebuild_ledger`).
 - `dedupe_keys` lost, `dedupe_windows` kept: lookups would find no earlier key and let
   duplicates through. The index's window list is cleared, so every completed window is
   indexed again from the dedupe state sink before the next window is computed.
@@ -30,19 +30,19 @@ import psycopg
 from onceflow.errors import LedgerError
 
 if TYPE_CHECKING:
-    from onceflow.engine import Engine
+    from onceflow.window.context import JobContext
 
 _log = logging.getLogger(__name__)
 
 
-def check_ledger(engine: Engine, epoch: int) -> None:
+def check_ledger(engine: JobContext, epoch: int) -> None:
     """Repair what the ledger can tell it lost (see the module); `epoch` is the run's own,
     already claimed in every sink, so no older run commits anything from here on."""
     _release_lost_windows_input(engine, epoch)
     _check_key_index(engine, epoch)
 
 
-def _release_lost_windows_input(engine: Engine, epoch: int) -> None:
+def _release_lost_windows_input(engine: JobContext, epoch: int) -> None:
     from onceflow.windows import format_windows
 
     ledger, job = engine.ledger, engine.job.name
@@ -75,7 +75,7 @@ def _release_lost_windows_input(engine: Engine, epoch: int) -> None:
     )
 
 
-def _check_key_index(engine: Engine, epoch: int) -> None:
+def _check_key_index(engine: JobContext, epoch: int) -> None:
     if engine.index is None:
         return
     ledger, job = engine.ledger, engine.job.name

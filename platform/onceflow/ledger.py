@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, TypeVar
 
 import psycopg
@@ -20,6 +21,8 @@ from psycopg import sql
 
 from onceflow import faults
 from onceflow._identifiers import session_name
+from onceflow._ledger_requests import Abandonments, Restatement, Restatements
+from onceflow._ledger_schema import DDL as _DDL
 from onceflow.errors import FencedError, LedgerError
 from onceflow.lineage import ensure_view
 from onceflow.postgres import Sessions, connect, retrying
@@ -36,93 +39,6 @@ LOCK_WAIT_S = 5
 IDLE_IN_TRANSACTION_TIMEOUT = "60s"
 _WRITE_SETTINGS = {"idle_in_transaction_session_timeout": IDLE_IN_TRANSACTION_TIMEOUT}
 
-_DDL = """
-CREATE SCHEMA IF NOT EXISTS onceflow;
-CREATE TABLE IF NOT EXISTS onceflow.jobs (
-    job text PRIMARY KEY,
-    epoch bigint NOT NULL,
-    run_id text,
-    epoch_started_at timestamptz NOT NULL DEFAULT now(),
-    heartbeat_at timestamptz NOT NULL DEFAULT now()
-);
-CREATE TABLE IF NOT EXISTS onceflow.windows (
-    job text NOT NULL,
-    window_id bigint NOT NULL,
-    offsets jsonb NOT NULL,
-    epoch bigint NOT NULL,
-    planned_at timestamptz NOT NULL DEFAULT now(),
-    stats jsonb,
-    completed_at timestamptz,
-    skipped_at timestamptz,
-    skip_reason text,
-    PRIMARY KEY (job, window_id)
-);
--- Ledgers made before windows could be skipped get the columns once (no lock when present).
-DO $$ BEGIN
-    IF NOT EXISTS (SELECT 1 FROM information_schema.columns WHERE table_schema = 'onceflow'
-                   AND table_name = 'windows' AND column_name = 'skip_reason') THEN
-        ALTER TABLE onceflow.windows ADD COLUMN skipped_at timestamptz,
-                                     ADD COLUMN skip_reason text;
-    END IF;
-END $$;
-CREATE TABLE IF NOT EXISTS onceflow.source_units (
-    job text NOT NULL,
-    unit text NOT NULL,
-    window_id bigint NOT NULL,
-    PRIMARY KEY (job, unit)
-);
-CREATE TABLE IF NOT EXISTS onceflow.restatements (
-    job text NOT NULL,
-    seq bigint NOT NULL,
-    window_id bigint NOT NULL,
-    request_id text NOT NULL,
-    epoch bigint NOT NULL,
-    planned_at timestamptz NOT NULL DEFAULT now(),
-    completed_at timestamptz,
-    cancelled_at timestamptz,
-    cancel_reason text,
-    PRIMARY KEY (job, seq),
-    UNIQUE (job, request_id)
-);
--- Ledgers made before restatements could be cancelled get the columns once.
-DO $$ BEGIN
-    IF NOT EXISTS (SELECT 1 FROM information_schema.columns WHERE table_schema = 'onceflow'
-                   AND table_name = 'restatements' AND column_name = 'cancel_reason') THEN
-        ALTER TABLE onceflow.restatements ADD COLUMN cancelled_at timestamptz,
-                                          ADD COLUMN cancel_reason text;
-    END IF;
-END $$;
--- The version of a versioned sink's data (a Delta table version) holding each window, for the
--- lineage view; the sink's own log stays the truth.
-CREATE TABLE IF NOT EXISTS onceflow.sink_versions (
-    job text NOT NULL,
-    window_id bigint NOT NULL,
-    sink text NOT NULL,
-    version bigint NOT NULL,
-    restate_seq bigint,
-    recorded_at timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (job, window_id, sink)
-);
--- Completed windows a sink lacks and whose input is gone, given up for that sink by an operator
--- (`onceflow windows abandon`): a known, named gap, never a silent one.
-CREATE TABLE IF NOT EXISTS onceflow.abandoned_windows (
-    job text NOT NULL,
-    window_id bigint NOT NULL,
-    sink text NOT NULL,
-    reason text NOT NULL,
-    epoch bigint NOT NULL,
-    abandoned_at timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (job, window_id, sink)
-);
-CREATE TABLE IF NOT EXISTS onceflow.reconciliations (
-    job text NOT NULL,
-    sink text NOT NULL,
-    verified_through bigint NOT NULL,
-    verified_at timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (job, sink)
-);
-"""
-
 
 @dataclass(frozen=True)
 class Window:
@@ -138,19 +54,7 @@ class Window:
     skipped: str | None = field(default=None, compare=False)
 
 
-@dataclass(frozen=True)
-class Restatement:
-    """One window of a restatement request, as the ledger records it."""
-
-    seq: int
-    window_id: int
-    request_id: str  # `<request>/w<window>`
-    completed: bool
-    # The operator's reason, when it was cancelled (`onceflow restate JOB --cancel REQUEST`).
-    cancelled: str | None = None
-
-
-class Ledger:
+class Ledger(Restatements, Abandonments):
     """Epochs and the window plan of one job."""
 
     def __init__(self, dsn: str, job: str) -> None:
@@ -365,6 +269,20 @@ class Ledger:
 
     # -- windows ------------------------------------------------------------------------------
 
+    def ping(self, what: str) -> None:
+        """Reach the server (after its retries), so a server that is gone is named as such."""
+        self.read(what, lambda conn: conn.execute(";"))
+
+    def oldest_planned_at(self) -> datetime | None:
+        """When the job's oldest window still in the plan was planned (None: no window)."""
+        row = self.read(
+            "read the oldest window's age",
+            lambda conn: conn.execute(
+                "SELECT min(planned_at) FROM onceflow.windows WHERE job = %s", (self.job,)
+            ).fetchone(),
+        )
+        return row[0] if row else None
+
     def windows(self, *, pending_only: bool = False, since: int = 0) -> list[Window]:
         """The job's windows in order; `pending_only`: those not completed nor skipped."""
         query = sql.SQL(
@@ -553,24 +471,25 @@ class Ledger:
     def mark_completed(
         self,
         window_id: int,
-        also: Callable[[psycopg.Connection], object] | None = None,
+        also: Callable[[psycopg.Connection], T] | None = None,
         versions: Mapping[str, int] | None = None,
-    ) -> None:
+    ) -> T | None:
         """Mark the window completed (every sink holds it), with `also(conn)` in the same
-        transaction; `also` must be idempotent (the whole transaction is retried). `versions`:
-        the sinks' data versions holding the window, for the lineage view."""
+        transaction, and return what `also` returned; `also` must be idempotent (the whole
+        transaction is retried). `versions`: the sinks' data versions holding the window, for
+        the lineage view."""
 
-        def work(conn: psycopg.Connection) -> None:
-            if also is not None:
-                also(conn)
+        def work(conn: psycopg.Connection) -> T | None:
+            done = also(conn) if also is not None else None
             self.record_versions(conn, window_id, versions or {})
             conn.execute(
                 "UPDATE onceflow.windows SET completed_at = now()"
                 " WHERE job = %s AND window_id = %s AND completed_at IS NULL",
                 (self.job, window_id),
             )
+            return done
 
-        self.write(f"mark window {window_id} completed", work)
+        return self.write(f"mark window {window_id} completed", work)
 
     def skipped_windows(self) -> list[tuple[int, str]]:
         """Windows an operator skipped, with the reasons, in window order."""
@@ -611,42 +530,6 @@ class Ledger:
 
         self.write(f"rebase window {window_id}", rebase, epoch)
 
-    def abandoned(self) -> dict[str, set[int]]:
-        """Sink name → the completed windows an operator abandoned for that sink (`onceflow
-        windows abandon`): the sink lacks them for good, a known and named gap."""
-        out: dict[str, set[int]] = {}
-        for wid, sink, _ in self.abandoned_reasons():
-            out.setdefault(sink, set()).add(wid)
-        return out
-
-    def abandoned_reasons(self) -> list[tuple[int, str, str]]:
-        """(window id, sink, reason) of every abandoned window, by window, then sink."""
-        rows = self.read(
-            "read the abandoned windows",
-            lambda conn: conn.execute(
-                "SELECT window_id, sink, reason FROM onceflow.abandoned_windows"
-                " WHERE job = %s ORDER BY window_id, sink",
-                (self.job,),
-            ).fetchall(),
-        )
-        return [(int(w), str(s), str(r)) for w, s, r in rows]
-
-    def abandon_windows(self, epoch: int, sinks: Mapping[int, Sequence[str]], reason: str) -> None:
-        """Record, in one fenced transaction, that the operator gave up completed windows for
-        the sinks that lack them (window id → sinks); never undone."""
-        pairs = [(wid, sink) for wid, names in sorted(sinks.items()) for sink in names]
-
-        def abandon(conn: psycopg.Connection) -> None:
-            self.fence(conn, epoch)
-            conn.execute(
-                "INSERT INTO onceflow.abandoned_windows (job, window_id, sink, reason, epoch)"
-                " SELECT %s, w, s, %s, %s FROM unnest(%s::bigint[], %s::text[]) AS x(w, s)"
-                " ON CONFLICT DO NOTHING",
-                (self.job, reason, epoch, [w for w, _ in pairs], [s for _, s in pairs]),
-            )
-
-        self.write("abandon windows", abandon, epoch)
-
     def epoch_floor(self) -> int:
         """The highest epoch the job's windows, restatements and abandonments were written
         under: the job row can be lost on its own, and a new epoch must still be above them."""
@@ -679,112 +562,5 @@ class Ledger:
 
         return self.write("release input of windows lost from the plan", release, epoch)
 
-    def plan_restatement(self, epoch: int, window_id: int, request_id: str, floor: int = 0) -> int:
-        """Write a restatement ahead; the same request always gets the same sequence number
-        (so an attempt after an unanswered COMMIT finds the one that committed). A new one is
-        numbered above `floor`, the highest the sinks applied (the ledger's restatements can
-        be lost on their own: a number a sink applied already would be skipped there)."""
 
-        def plan(conn: psycopg.Connection) -> int:
-            self.fence(conn, epoch)
-            row = conn.execute(
-                "SELECT seq FROM onceflow.restatements WHERE job = %s AND request_id = %s",
-                (self.job, request_id),
-            ).fetchone()
-            if row is None:
-                row = conn.execute(
-                    "INSERT INTO onceflow.restatements (job, seq, window_id, request_id, epoch)"
-                    " SELECT %s, greatest(coalesce(max(seq), 0), %s) + 1, %s, %s, %s"
-                    " FROM onceflow.restatements WHERE job = %s RETURNING seq",
-                    (self.job, floor, window_id, request_id, epoch, self.job),
-                ).fetchone()
-            assert row is not None
-            return int(row[0])
-
-        return self.write(f"plan restatement {request_id}", plan, epoch)
-
-    def restatement_completed(self, seq: int) -> bool:
-        row = self.read(
-            f"read restatement {seq}",
-            lambda conn: conn.execute(
-                "SELECT completed_at IS NOT NULL FROM onceflow.restatements"
-                " WHERE job = %s AND seq = %s",
-                (self.job, seq),
-            ).fetchone(),
-        )
-        return bool(row and row[0])
-
-    def pending_restatements(self) -> list[tuple[int, int, str]]:
-        """Restatements planned but not finished: (seq, window id, request id)."""
-        rows = self.read(
-            "read the pending restatements",
-            lambda conn: conn.execute(
-                "SELECT seq, window_id, request_id FROM onceflow.restatements"
-                " WHERE job = %s AND completed_at IS NULL AND cancelled_at IS NULL ORDER BY seq",
-                (self.job,),
-            ).fetchall(),
-        )
-        return [(int(s), int(w), str(r)) for s, w, r in rows]
-
-    def complete_restatement(
-        self, seq: int, window_id: int | None = None, versions: Mapping[str, int] | None = None
-    ) -> None:
-        """Mark restatement `seq` done, recording the sink versions that hold window
-        `window_id`'s restated rows in the same transaction."""
-
-        def work(conn: psycopg.Connection) -> None:
-            if window_id is not None:
-                self.record_versions(conn, window_id, versions or {}, restate_seq=seq)
-            conn.execute(
-                "UPDATE onceflow.restatements SET completed_at = coalesce(completed_at, now())"
-                " WHERE job = %s AND seq = %s AND cancelled_at IS NULL",
-                (self.job, seq),
-            )
-
-        self.write(f"mark restatement {seq} completed", work)
-
-    def restatements(self, request: str) -> list[Restatement]:
-        """Every restatement of `request`: the windows planned under `<request>/w<N>`, or the one
-        whose request id is exactly `request`."""
-        rows = self.read(
-            f"read restatement request {request}",
-            lambda conn: conn.execute(
-                "SELECT seq, window_id, request_id, completed_at IS NOT NULL, cancel_reason"
-                " FROM onceflow.restatements WHERE job = %s"
-                " AND (request_id = %s OR left(request_id, length(%s::text) + 2) = %s::text || '/w')"
-                " ORDER BY seq",
-                (self.job, request, request, request),
-            ).fetchall(),
-        )
-        return [
-            Restatement(int(s), int(w), str(r), bool(c), x)
-            for s, w, r, c, x in rows
-            if r == request or r[len(request) + 2 :].isdigit()
-        ]
-
-    def cancelled_restatements(self) -> list[Restatement]:
-        """Restatements an operator cancelled, oldest first."""
-        rows = self.read(
-            "read the cancelled restatements",
-            lambda conn: conn.execute(
-                "SELECT seq, window_id, request_id, cancel_reason FROM onceflow.restatements"
-                " WHERE job = %s AND cancelled_at IS NOT NULL ORDER BY seq",
-                (self.job,),
-            ).fetchall(),
-        )
-        return [Restatement(int(s), int(w), str(r), False, str(x)) for s, w, r, x in rows]
-
-    def cancel_restatement(self, epoch: int, seq: int, reason: str) -> None:
-        """Record that the operator gave up unfinished restatement `seq` (fenced; never undone;
-        a finished one stays finished)."""
-
-        def cancel(conn: psycopg.Connection) -> None:
-            self.fence(conn, epoch)
-            conn.execute(
-                "UPDATE onceflow.restatements SET cancelled_at = coalesce(cancelled_at, now()),"
-                " cancel_reason = coalesce(cancel_reason, %s)"
-                " WHERE job = %s AND seq = %s AND completed_at IS NULL",
-                (reason, self.job, seq),
-            )
-
-        self.write(f"cancel restatement {seq}", cancel, epoch)
+__all__ = ["Ledger", "Restatement", "Window"]

@@ -21,12 +21,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from onceflow._staging import WindowStage
-from onceflow.engine import WindowResult
 from onceflow.errors import ConfigurationError, SinkError
+from onceflow.window.results import WindowResult
 
 if TYPE_CHECKING:
     from onceflow.engine import Engine
     from onceflow.ledger import Restatement, Window
+    from onceflow.window.context import JobContext
 
 # Said by every refusal made before anything was recorded.
 NOTHING_RECORDED = "Nothing was recorded; the job runs on as before."
@@ -187,7 +188,7 @@ def _restatable(engine: Engine, window_ids: Sequence[int]) -> list[Window]:
     return windows
 
 
-def check_unfinished(engine: Engine, todo: Sequence[tuple[Window, int]]) -> None:
+def check_unfinished(engine: JobContext, todo: Sequence[tuple[Window, int]]) -> None:
     """Raise SinkError, naming the command that cancels it, if an unfinished restatement
     cannot be applied (a sink changed since it was planned, say): checked before any of them
     changes a sink, and before a new request is recorded behind it."""

@@ -13,6 +13,7 @@ from onceflow.sources.base import ChangedUnit
 if TYPE_CHECKING:
     from onceflow.engine import Engine
     from onceflow.ledger import Window
+    from onceflow.window.context import JobContext
 
 _log = logging.getLogger(__name__)
 
@@ -20,7 +21,7 @@ _log = logging.getLogger(__name__)
 NAMED_CHANGES = 3
 
 
-def changed_input(engine: Engine, windows: Sequence[Window] | None = None) -> list[ChangedUnit]:
+def changed_input(engine: JobContext, windows: Sequence[Window] | None = None) -> list[ChangedUnit]:
     """Input of completed windows that changed after they committed (size or modification
     time differs from the window's offsets): the job never reads it again, so its new
     content is not delivered. Files that are gone are not listed."""
@@ -41,7 +42,7 @@ def changed_input_message(job: str, changed: Sequence[ChangedUnit]) -> str:
     )
 
 
-def warn_changed_input(engine: Engine) -> list[ChangedUnit]:
+def warn_changed_input(engine: JobContext) -> list[ChangedUnit]:
     """Log a warning when committed input changed (at the start of a run)."""
     changed = changed_input(engine)
     if changed:

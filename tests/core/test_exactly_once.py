@@ -17,6 +17,7 @@ from onceflow.generate import generate_payments
 from onceflow.jobs.payments import PAYMENTS
 from onceflow.settings import Settings
 from onceflow.sinks.delta import DeltaTableSink
+from onceflow.sinks.delta.table import spark_schema_to_arrow
 from onceflow.sinks.postgres.commit import Transaction
 from tests.support.oracle import expected_outputs
 from tests.support.outputs import actual_outputs, assert_exact
@@ -179,6 +180,16 @@ def test_unanswered_commit_is_resolved_by_the_marker(
     assert litter == (0,)
 
 
+def _commit(sink: DeltaTableSink, df: Any, window_id: int, *, epoch: int, run_id: str) -> Any:
+    """A window's commit as the Delta group makes it: the table, the executors' files, the
+    commit that decides (held already, fenced, or committed)."""
+    sink.ensure_table(spark_schema_to_arrow(df))
+    adds = sink.write_files(df, window_id, epoch)
+    return sink.commit_files(
+        adds, window_id=window_id, epoch=epoch, run_id=run_id, offsets={"w": window_id}
+    )
+
+
 def _race(sink: DeltaTableSink, df: Any, window_id: int) -> list[Any]:
     barrier = threading.Barrier(2)
     outcomes: list[Any] = [None, None]
@@ -186,9 +197,7 @@ def _race(sink: DeltaTableSink, df: Any, window_id: int) -> list[Any]:
     def writer(i: int) -> None:
         barrier.wait()
         try:
-            outcomes[i] = sink.commit_window(
-                df, window_id=window_id, epoch=1, run_id=f"writer-{i}", offsets={"w": window_id}
-            )
+            outcomes[i] = _commit(sink, df, window_id, epoch=1, run_id=f"writer-{i}")
         except Exception as exc:  # reported below, not swallowed
             outcomes[i] = exc
 
@@ -226,20 +235,20 @@ def test_two_writers_racing_for_a_delta_window_commit_once(spark: Any, lake: Pat
 def test_zombie_delta_commit_is_fenced_and_writes_nothing(spark: Any, lake: Path) -> None:
     sink = DeltaTableSink(JOB, "fence", lake / "fence")
     df = spark.range(0, 50).selectExpr("id")
-    first = sink.commit_window(df, window_id=1, epoch=1, run_id="old", offsets={})
+    first = _commit(sink, df, 1, epoch=1, run_id="old")
     assert not first.already_committed and first.rows == 50
     sink.claim_epoch(2)
     version = DeltaTable(str(sink.path)).version()
     with pytest.raises(FencedError, match="fenced"):
-        sink.commit_window(df, window_id=2, epoch=1, run_id="old", offsets={})
+        _commit(sink, df, 2, epoch=1, run_id="old")
     table = DeltaTable(str(sink.path))
     assert table.version() == version
     assert table.transaction_version(sink.app_id) == 1
     assert table.to_pyarrow_table().num_rows == 50
-    assert not sink.path.children("w0000000002-")
+    assert not [f for f in table.file_uris() if "/w0000000002-" in f]  # none of its files
     with pytest.raises(FencedError):
         sink.claim_epoch(1)
-    newer = sink.commit_window(df, window_id=2, epoch=2, run_id="new", offsets={})
+    newer = _commit(sink, df, 2, epoch=2, run_id="new")
     assert not newer.already_committed and DeltaTable(str(sink.path)).version() == version + 1
 
 

@@ -30,8 +30,8 @@ from onceflow import (
     Settings,
     WindowContext,
 )
-from onceflow import engine as engine_module
 from onceflow.sinks.writers import WritersPlan
+from onceflow.window import prepare as prepare_module
 
 PARSED = (
     "_file_idx INT, _source_file STRING, _source_line BIGINT, event_id STRING, team STRING, "
@@ -207,7 +207,7 @@ def test_a_run_plans_once_per_slot_and_each_window_computes_its_own_rows(
             super().__init__(*args, **kwargs)
             built.append(self)
 
-    monkeypatch.setattr(engine_module, "WritersPlan", Counted)
+    monkeypatch.setattr(prepare_module, "WritersPlan", Counted)
     _run(spark, pg_dsn, tmp_path, lake, landing, planning.by_column, "slots")
     assert planning.calls == 2  # one plan a slot, for six windows
     assert len(built) == 2  # and one writers' step a slot

@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from onceflow._identifiers import check_identifier
-from onceflow.sinks.writers import PartitionWriter, run_writers
+from onceflow.sinks.writers import PartitionWriter
 from onceflow.storage import Location
 
 if TYPE_CHECKING:
@@ -284,28 +284,6 @@ class SinkGroup(ABC):
             FencedError: A newer run has taken over; nothing was written.
             SinkError: The commit failed; nothing was written.
         """
-
-    def commit(
-        self,
-        window: Window,
-        outputs: Mapping[str, DataFrame],
-        sinks: Sequence[str],
-        *,
-        epoch: int,
-        run_id: str,
-        exactly_once: bool,
-    ) -> dict[str, SinkOutcome]:
-        """Commit `window` to `sinks` (names in this group) unless they hold it already: begin,
-        write on the executors, finish. The engine does the same for every group at once, in
-        one Spark job."""
-        sinks = [name for name in sinks if name in self.names]
-        if not sinks:
-            return {}
-        write = self.begin(window, outputs, sinks, epoch=epoch, run_id=run_id)
-        results = run_writers(outputs, write.writers)
-        return self.finish(
-            window, write, results, outputs, epoch=epoch, run_id=run_id, exactly_once=exactly_once
-        )
 
     @abstractmethod
     def check_restate(self, window: Window) -> None:

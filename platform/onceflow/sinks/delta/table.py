@@ -24,16 +24,15 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
-from urllib.parse import unquote
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction
 
 from onceflow._identifiers import delta_app_id, epoch_app_id, restate_app_id
 from onceflow.errors import FencedError, SinkError, SinkStateError, TransientSinkError
+from onceflow.sinks.delta._files import add_actions, rewrite_without_window
 from onceflow.sinks.writers import ParquetFileWriter, run_writers
 from onceflow.storage import Location
 
@@ -384,37 +383,6 @@ class DeltaTableSink:
         writer = self.file_writer("files", "df", spark_schema_to_arrow(df), window_id, epoch)
         return add_actions(run_writers({"df": df}, [writer])[writer.key])
 
-    def held(self, window_id: int, epoch: int) -> bool:
-        """Whether the table holds `window_id` already (FencedError if a newer run claimed it)."""
-        if not self.exists():
-            return False
-        table = self.table()
-        self._check(table, window_id, epoch)
-        return (table.transaction_version(self.app_id) or 0) >= window_id
-
-    def commit_window(
-        self,
-        df: DataFrame,
-        *,
-        window_id: int,
-        epoch: int,
-        run_id: str,
-        offsets: dict[str, Any],
-        exactly_once: bool = True,
-    ) -> DeltaCommit:
-        """Write `df` and commit it as the window, unless the table already holds it."""
-        self.ensure_table(spark_schema_to_arrow(df))
-        if exactly_once and self.held(window_id, epoch):
-            return DeltaCommit(None, 0, True)
-        return self.commit_files(
-            self.write_files(df, window_id, epoch),
-            window_id=window_id,
-            epoch=epoch,
-            run_id=run_id,
-            offsets=offsets,
-            exactly_once=exactly_once,
-        )
-
     def commit_files(
         self,
         adds: list[AddAction],
@@ -504,7 +472,7 @@ class DeltaTableSink:
             return None
 
         def actions(table: DeltaTable) -> list[Any]:
-            removes, kept = self._rewrite_without_window(table, window_id, epoch)
+            removes, kept = rewrite_without_window(self.path, table, window_id, epoch)
             rewritten[:] = kept
             return [*removes, *kept, *adds]
 
@@ -528,51 +496,6 @@ class DeltaTableSink:
         if isinstance(done, DeltaCommit):
             return done
         return DeltaCommit(done, rows, False)
-
-    def _rewrite_without_window(
-        self, table: DeltaTable, window_id: int, epoch: int
-    ) -> tuple[list[RemoveAction], list[AddAction]]:
-        """Remove actions for files holding the window's rows, and new files with the rest."""
-        import pyarrow.compute as pc
-
-        removes: list[RemoveAction] = []
-        kept: list[AddAction] = []
-        now_ms = int(time.time() * 1000)
-        folder = f"r{window_id:010d}-e{epoch}-{uuid.uuid4().hex[:8]}"
-        fs = self.path.filesystem()
-        for add in pa.table(table.get_add_actions(flatten=True)).to_pylist():
-            rel = add["path"]
-            data = pq.read_table(fs.open_input_file((self.path / unquote(rel)).fs_path))
-            mask = pc.equal(data["_window_id"], window_id)
-            if not pc.any(mask).as_py():
-                continue
-            removes.append(
-                RemoveAction(
-                    path=rel,
-                    data_change=True,
-                    deletion_timestamp=now_ms,
-                    size=add["size_bytes"],
-                    partition_values={},
-                )
-            )
-            rest = data.filter(pc.invert(mask))
-            if rest.num_rows:
-                (self.path / folder).mkdir()
-                name = f"{folder}/part-{uuid.uuid4().hex}.parquet"
-                with fs.open_output_stream((self.path / name).fs_path) as out:
-                    pq.write_table(rest, out)
-                    size = out.tell()
-                kept.append(
-                    AddAction(
-                        path=name,
-                        size=size,
-                        partition_values={},
-                        modification_time=now_ms,
-                        data_change=True,
-                        stats=json.dumps({"numRecords": rest.num_rows}),
-                    )
-                )
-        return removes, kept
 
     def commit_repair(
         self,
@@ -672,19 +595,3 @@ class DeltaTableSink:
         ]
         out.sort(key=lambda e: int(e[f"{META_PREFIX}window_id"]))
         return out
-
-
-def add_actions(results: list[dict[str, Any]]) -> list[AddAction]:
-    """Add actions for the files `ParquetFileWriter`s wrote (partitions without rows wrote none)."""
-    return [
-        AddAction(
-            path=r["path"],
-            size=int(r["size"]),
-            partition_values={},
-            modification_time=int(r["modified_ms"]),
-            data_change=True,
-            stats=json.dumps({"numRecords": int(r["rows"])}),
-        )
-        for r in sorted(results, key=lambda r: r.get("path", ""))
-        if r.get("rows")
-    ]

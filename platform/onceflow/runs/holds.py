@@ -1,0 +1,83 @@
+"""What the sinks hold against what the ledger says they hold, and what a replay can restore."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from onceflow.errors import LedgerError
+from onceflow.job import Guarantee
+from onceflow.ledger import Window
+from onceflow.window.context import JobContext
+from onceflow.windows import format_windows
+
+
+def lacking(ctx: JobContext, windows: Sequence[Window]) -> dict[str, list[int]]:
+    """For each sink, the windows among `windows` the ledger marks completed that it does not
+    hold (a window abandoned for a sink is a known gap there, not a lacking window)."""
+    completed = [w.window_id for w in windows if w.completed]
+    state = ctx.held(completed)
+    abandoned = ctx.ledger.abandoned()
+    out: dict[str, list[int]] = {}
+    for wid in completed:
+        for name in ctx.sink_names:
+            if name not in state[wid] and wid not in abandoned.get(name, ()):
+                out.setdefault(name, []).append(wid)
+    return out
+
+
+def replay_problems(ctx: JobContext, window: Window) -> list[str]:
+    """What keeps `window` from being computed again (its input gone or changed, and no
+    complete stage of it); empty when it can be replayed."""
+    problems = ctx.job.source.check_available(ctx.settings, window.offsets)
+    if problems and ctx.stage(window).complete() is not None:
+        return []
+    return problems
+
+
+def check_sinks_hold_completed(ctx: JobContext) -> None:
+    """Refuse to compute anything while a sink lacks windows the ledger says it holds.
+
+    Without this, a lost dedupe state lets duplicates of earlier records through, and the
+    next windows would be committed on top of a hole that no later run fills.
+    """
+    job = ctx.job
+    if job.guarantee is Guarantee.NONE:
+        return
+    lacks = lacking(ctx, ctx.ledger.windows())
+    problems = {k: v for group in ctx.groups for k, v in group.state_problems().items()}
+    if not lacks and not problems:
+        return
+    which = "; ".join(
+        [f"{name} lacks windows {format_windows(ids)}" for name, ids in lacks.items()]
+        + [f"{name} {problem}" for name, problem in problems.items()]
+    )
+    ids = {wid for wids in lacks.values() for wid in wids}
+    windows = [w for w in ctx.ledger.windows() if w.window_id in ids]
+    gone = [w.window_id for w in windows if replay_problems(ctx, w)]
+    lost = (
+        f" The input of windows {format_windows(gone)} is gone: no replay can bring them "
+        f"back; after reconcile, `onceflow windows abandon {job.name} "
+        f'{format_windows(gone)} --reason "…"` records the gap and lets runs go on.'
+        if gone
+        else ""
+    )
+    raise LedgerError(
+        f"job {job.name}: {which}, which the ledger records as committed (was the lake "
+        "deleted, moved, or restored from an older copy?). Nothing was computed. Run "
+        f"`onceflow reconcile {job.name}`: it replays the windows those sinks lack and "
+        f"restores their commit records; then run the job again.{lost}"
+    )
+
+
+def incomplete_windows(ctx: JobContext, windows: Sequence[Window]) -> dict[int, list[str]]:
+    """Windows some sink does not hold, with the sinks that lack them (skipped windows, and
+    windows abandoned for a sink, are not incomplete: the operator gave them up)."""
+    every = set(ctx.sink_names)
+    state = ctx.held([w.window_id for w in windows if w.skipped is None])
+    abandoned = ctx.ledger.abandoned()
+    incomplete: dict[int, list[str]] = {}
+    for wid, held in state.items():
+        lacks = sorted(n for n in every - held if wid not in abandoned.get(n, ()))
+        if lacks:
+            incomplete[wid] = lacks
+    return incomplete
