@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -17,19 +16,15 @@ def quality_targets(engine: Engine) -> list[Target]:
     return [target for group in engine.groups for target in group.quality_targets()]
 
 
-def validate_job(
-    engine: Engine, data_docs_dir: Path | None = None, sinks: Iterable[str] | None = None
-) -> ValidationReport:
-    """Run the job's Great Expectations suites against its sinks (those named in `sinks`,
-    default all)."""
+def validate_job(engine: Engine, data_docs_dir: Path | None = None) -> ValidationReport:
+    """Run the job's Great Expectations suites against its sinks."""
     from onceflow.quality import validate
 
     engine.prepare()
     docs = data_docs_dir or engine.settings.home / "data_docs" / engine.job.name
-    wanted = None if sinks is None else set(sinks)
     return validate(
         engine.job.name,
-        [t for t in quality_targets(engine) if wanted is None or t.sink in wanted],
+        quality_targets(engine),
         dsn=engine.dsn,
         spark=engine.spark,
         data_docs_dir=docs,

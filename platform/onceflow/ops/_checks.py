@@ -33,7 +33,18 @@ def validate(
     from onceflow.validation import validate_job
 
     engine = open_engine(job, settings, spark=spark, dsn=dsn)
-    return ValidateResult(validate_job(engine, data_docs_dir, sinks))
+    if sinks is None:
+        return ValidateResult(validate_job(engine, data_docs_dir))
+    from onceflow.quality import validate as run_suites
+    from onceflow.validation import quality_targets
+
+    wanted = set(sinks)
+    engine.prepare()
+    docs = data_docs_dir or engine.settings.home / "data_docs" / engine.job.name
+    targets = [t for t in quality_targets(engine) if t.sink in wanted]
+    return ValidateResult(
+        run_suites(engine.job.name, targets, dsn=engine.dsn, spark=engine.spark, data_docs_dir=docs)
+    )
 
 
 def status(
