@@ -9,7 +9,7 @@ from dagster import Definitions
 
 from assets import build_job_assets
 from assets.factory import lake_tables
-from onceflow.registry import load_jobs
+from onceflow import load_jobs
 from resources import OnceflowSettingsResource, PostgresResource, SparkResource
 
 

@@ -16,9 +16,8 @@ from dagster import (
     TableSchema,
 )
 
-from onceflow.job import Job
-from onceflow.lineage import LineageRow
-from onceflow.sinks import SinkSpec, TableFacts
+from onceflow import Job, SinkSpec
+from onceflow.ops import LineageRow, TableFacts
 
 # Dagster's standard metadata keys (`TableMetadataSet`, `UriMetadataSet`; not exported).
 ROW_COUNT = "dagster/row_count"

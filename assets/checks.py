@@ -18,8 +18,7 @@ from dagster import (
 )
 
 from assets.runs import make_engine
-from onceflow.engine import Engine, build_engine
-from onceflow.job import Job
+from onceflow import Engine, Job, ops
 from resources import OnceflowSettingsResource, PostgresResource, SparkResource
 from resources._annotations import typed
 
@@ -82,14 +81,9 @@ def run_quality(job: Job, engine: Engine, sinks: Iterable[str]) -> list[QualityO
 
     The suites and their rules come from the job's definition (`quality_targets`).
     """
-    from onceflow.quality import validate
-    from onceflow.validation import quality_targets
-
     wanted = set(sinks)
-    engine.prepare()
-    targets = [t for t in quality_targets(engine) if t.sink in wanted]
     docs = engine.settings.home / "data_docs" / job.name
-    report = validate(job.name, targets, dsn=engine.dsn, spark=engine.spark, data_docs_dir=docs)
+    report = ops.validate(engine, data_docs_dir=docs, sinks=wanted).report
     outcomes = []
     for sink in sorted(wanted):
         results = [r for r in report.results if r.sink == sink]
@@ -158,7 +152,7 @@ def build_freshness_checks(job: Job, keys: Sequence[AssetKey]) -> list[AssetChec
         onceflow: OnceflowSettingsResource,
     ) -> Iterator[AssetCheckResult]:
         settings = onceflow.settings()
-        engine = build_engine(job, settings, None, postgres.resolve(settings.home))
+        engine = ops.open_engine(job, settings, dsn=postgres.resolve(settings.home))
         found = run_freshness(engine)
         for key in context.selected_asset_check_keys:
             yield AssetCheckResult(
@@ -186,9 +180,7 @@ class FreshnessOutcome:
 def run_freshness(engine: Engine) -> FreshnessOutcome:
     """Evaluate the freshness check on `engine` (no Spark needed): stale input is an error,
     committed input that changed since is a warning."""
-    from onceflow.status import changed_input_message, freshness
-
-    found = freshness(engine)
+    found = ops.freshness(engine)
     age = found.oldest_unplanned_age_s
     stale = (
         None
@@ -199,7 +191,7 @@ def run_freshness(engine: Engine) -> FreshnessOutcome:
         )
     )
     # Committed input that changed is a warning: nothing waits, but a change is lost.
-    changed = changed_input_message(engine.job.name, found.changed) if found.changed else None
+    changed = ops.changed_input_message(engine.job.name, found.changed) if found.changed else None
     return FreshnessOutcome(
         passed=found.fresh and not found.changed,
         severity=AssetCheckSeverity.ERROR if not found.fresh else AssetCheckSeverity.WARN,

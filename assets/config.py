@@ -8,7 +8,7 @@ from typing import Literal
 from dagster import Config
 from pydantic import Field
 
-from onceflow.errors import ConfigurationError
+from onceflow import ConfigurationError
 
 DELIVERY_ENV = "ONCEFLOW_DELIVERY"
 DELIVERIES = ("follow", "runs")

@@ -49,11 +49,8 @@ from assets.runs import (
     run_windows,
     sink_metadata,
 )
-from onceflow import ops
-from onceflow.job import Job
-from onceflow.lineage import lineage
-from onceflow.reconcile import ReconcileReport
-from onceflow.windows import format_windows
+from onceflow import Job, ops
+from onceflow.ops import ReconcileReport, format_windows
 from resources import OnceflowSettingsResource, PostgresResource, SparkResource
 from resources._annotations import typed
 from sensors import build_failure_sensor, build_new_data_sensor, build_reconcile_schedule
@@ -214,7 +211,7 @@ def _sink_assets(job: Job, upstream: AssetKey, observed: AssetKey | None) -> Ass
         request = context.dagster_run.root_run_id or context.run_id
         report = run_windows(engine, config, context.run_id, request, context.log)
         items = open_items_metadata(engine)
-        recent = lineage(engine.dsn, job.name, limit=LINEAGE_WINDOWS)
+        recent = ops.lineage(engine, limit=LINEAGE_WINDOWS)
         gaps = engine.ledger.abandoned_reasons()
         results = []
         for sink in job.sinks:

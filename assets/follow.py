@@ -46,10 +46,7 @@ from assets.runs import (
     make_engine,
     sink_metadata,
 )
-from onceflow import ops
-from onceflow.engine import Engine, WindowResult
-from onceflow.job import Job
-from onceflow.lineage import lineage
+from onceflow import Engine, Job, WindowResult, ops
 from onceflow.ops import WindowDone, WindowsResult
 from resources import OnceflowSettingsResource, PostgresResource, SparkResource
 from resources._annotations import typed
@@ -300,7 +297,7 @@ def _window_events(
         return
     done = WindowDone.of(window)
     report = WindowsResult("follow", engine.job.name, "", (done,))
-    recent = lineage(engine.dsn, engine.job.name, limit=LINEAGE_WINDOWS)
+    recent = ops.lineage(engine, limit=LINEAGE_WINDOWS)
     gaps = engine.ledger.abandoned_reasons()
     for spec in engine.job.sinks:
         outcome = window.sinks.get(spec.name)

@@ -9,15 +9,17 @@ from typing import Any, Protocol, TypeVar
 from dagster import Backoff, Failure, Jitter, MetadataValue, RetryPolicy, RetryRequested
 
 from assets.config import WindowRunConfig
-from onceflow import ops
-from onceflow.engine import Engine, build_engine
-from onceflow.errors import ConfigurationError, OnceflowError, is_terminal, needs_recovery
-from onceflow.job import Job
-from onceflow.ops import WindowsResult
-from onceflow.postgres import redact
-from onceflow.restate import cancel_command, request_of
-from onceflow.status import open_items
-from onceflow.windows import format_windows, parse_windows
+from onceflow import ConfigurationError, Engine, Job, OnceflowError, ops
+from onceflow.ops import (
+    WindowsResult,
+    cancel_command,
+    format_windows,
+    is_terminal,
+    needs_recovery,
+    parse_windows,
+    redact,
+    request_of,
+)
 from resources import OnceflowSettingsResource, PostgresResource, SparkResource
 from sensors.failure import MAX_RETRIES_TAG, TERMINAL_TAG
 
@@ -57,7 +59,9 @@ def make_engine(
 ) -> Engine:
     """The engine for one run of `job` on the run's resources."""
     settings = onceflow.settings()
-    return build_engine(job, settings, spark.spark_session, postgres.resolve(settings.home))
+    return ops.open_engine(
+        job, settings, spark=spark.spark_session, dsn=postgres.resolve(settings.home)
+    )
 
 
 def at_boundary(fn: Callable[..., T], context: _RunContext | None = None) -> Callable[..., T]:
@@ -239,7 +243,7 @@ def open_items_metadata(engine: Engine) -> dict[str, Any]:
     """Unfinished restatements, skipped and abandoned windows, shown on every materialisation
     until the restatements are finished (skips and abandonments stay: they are the operator's
     record; an abandoned window is a known gap in the sinks named)."""
-    items = open_items(engine)
+    items = ops.open_items(engine)
     abandoned: dict[str, dict[str, str]] = {}
     for wid, sink, reason in items.abandoned[-50:]:
         abandoned.setdefault(sink, {})[str(wid)] = reason

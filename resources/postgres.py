@@ -7,7 +7,7 @@ from pathlib import Path
 
 from dagster import ConfigurableResource, EnvVar
 
-from onceflow.postgres import describe_dsn, resolve_dsn
+from onceflow.ops import describe_dsn, resolve_dsn
 
 DSN_ENV = "ONCEFLOW_POSTGRES_DSN"
 

@@ -7,7 +7,7 @@ import os
 
 from dagster import ConfigurableResource
 
-from onceflow.settings import Settings
+from onceflow import Settings
 
 
 class OnceflowSettingsResource(ConfigurableResource):

@@ -43,7 +43,7 @@ class SparkResource(PySparkResource):
         if active is not None:
             self._spark_session = active
             return
-        from onceflow.spark import build_spark_session
+        from onceflow import build_spark_session
 
         self._spark_session = build_spark_session(
             master=self.master or os.environ.get("ONCEFLOW_SPARK_MASTER") or None,

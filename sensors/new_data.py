@@ -20,8 +20,8 @@ from dagster import (
     sensor,
 )
 
-from onceflow.job import Job
-from onceflow.status import PendingWork, pending_work
+from onceflow import Job, ops
+from onceflow.ops import PendingWork
 from resources._annotations import typed
 from resources.postgres import PostgresResource
 from resources.settings import OnceflowSettingsResource
@@ -96,8 +96,6 @@ def build_new_data_sensor(
         onceflow: OnceflowSettingsResource,
         postgres: PostgresResource,
     ) -> SensorResult | SkipReason:
-        from onceflow.engine import build_engine
-
         settings = onceflow.settings()
         events: list[AssetObservation] = []
         cursor = context.cursor
@@ -105,8 +103,8 @@ def build_new_data_sensor(
             seen = source_observation(job, observe, settings)
             if observed_version(seen) != context.cursor:
                 events, cursor = [seen], observed_version(seen)
-        engine = build_engine(job, settings, None, postgres.resolve(settings.home))
-        request, reason = _decide(context, job, tags, pending_work(engine), resume)
+        engine = ops.open_engine(job, settings, dsn=postgres.resolve(settings.home))
+        request, reason = _decide(context, job, tags, ops.pending_work(engine), resume)
         return SensorResult(
             run_requests=[request] if request is not None else None,
             skip_reason=reason,

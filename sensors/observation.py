@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from dagster import AssetKey, AssetObservation, MetadataValue
 
-from onceflow.job import Job
-from onceflow.settings import Settings
+from onceflow import Job, Settings
 
 # The tag Dagster reads an observation's data version from (`DATA_VERSION_TAG`, not exported).
 DATA_VERSION_TAG = "dagster/data_version"

@@ -27,7 +27,7 @@ from dagster import (
     sensor,
 )
 
-from onceflow.job import Job
+from onceflow import Job
 from resources._annotations import typed
 from sensors._target import RunTarget
 from sensors.failure import KIND_TAG

@@ -7,7 +7,7 @@ from dagster import (
     ScheduleDefinition,
 )
 
-from onceflow.job import Job
+from onceflow import Job
 from sensors._target import RunTarget
 
 

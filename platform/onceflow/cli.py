@@ -17,16 +17,19 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from onceflow import ops
-from onceflow.errors import ConfigurationError, OnceflowError
+from onceflow import ConfigurationError, OnceflowError, ops
 from onceflow.ops import (
     EXIT_CHECKS_FAILED,
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_PIPE_CLOSED,
+    Progress,
+    format_report,
+    format_windows,
+    parse_windows,
+    redact,
 )
-from onceflow.postgres import redact
 
 _log = logging.getLogger("onceflow")
 
@@ -37,30 +40,11 @@ _spark_log: Path | None = None
 def _engine(
     job_name: str, guarantee: str | None = None, *, spark: bool = True, check_input: bool = False
 ) -> Any:
-    from onceflow.engine import build_engine
-    from onceflow.postgres import check_reachable, resolve_dsn
-    from onceflow.registry import get_job
-    from onceflow.settings import Settings
-    from onceflow.spark import build_spark_session, debug_enabled
-
     global _spark_log
-    settings = Settings.from_env()
-    job = get_job(job_name)
-    settings.check_folders()
-    if check_input:
-        job.source.check_input(settings)  # a missing folder fails before anything starts
-    dsn = resolve_dsn(settings.postgres_dsn, settings.home)
-    check_reachable(dsn)  # before Spark starts: a wrong DSN fails at once, a down server soon
-    session = None
+    engine = ops.open_from_env(job_name, spark=spark, check_input=check_input, guarantee=guarantee)
     if spark:
-        log = None if debug_enabled() else settings.home / "logs" / "spark.log"
-        session = build_spark_session(
-            master=os.environ.get("ONCEFLOW_SPARK_MASTER"),
-            remote=os.environ.get("ONCEFLOW_SPARK_REMOTE"),
-            log_file=log,
-        )
-        _spark_log = log
-    return build_engine(job, settings, session, dsn, guarantee=guarantee)
+        _spark_log = ops.spark_log(engine.settings)
+    return engine
 
 
 def _window_line(result: Any) -> str:
@@ -81,16 +65,12 @@ def _window_line(result: Any) -> str:
 def _windows_ahead(engine: Any, max_units: int | None) -> int | None:
     """Windows a run will process (pending plus new), for the progress display; None if the
     source cannot say cheaply."""
-    from onceflow.engine import DEFAULT_MAX_UNITS_PER_WINDOW
-
     try:
-        engine.prepare()
-        pending = len(list(engine.ledger.windows(pending_only=True)))
-        units = len(engine.unplanned_units())
+        work = ops.pending_work(engine)
     except Exception:  # the run itself reports what is wrong
         return None
-    size = max_units or DEFAULT_MAX_UNITS_PER_WINDOW
-    return pending + -(-units // size)
+    size = max_units or ops.DEFAULT_MAX_UNITS_PER_WINDOW
+    return len(work.pending_windows) + -(-work.unplanned // size)
 
 
 def _units(offsets: dict[str, Any]) -> str:
@@ -123,8 +103,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGHUP, on_term)
     if args.follow:
         signal.signal(signal.SIGINT, on_term)
-    from onceflow.progress import Progress
-
     progress = Progress(f"run {args.job}")
     if progress.enabled and not args.follow:  # the estimate costs a listing: only to draw it
         progress.total = _windows_ahead(engine, args.max_files_per_window)
@@ -151,8 +129,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_backfill(args: argparse.Namespace) -> int:
-    from onceflow.windows import parse_windows
-
     engine = _engine(args.job)
     result = ops.backfill(engine, parse_windows(args.windows), run_id=args.run_id)
     if args.json:
@@ -169,10 +145,6 @@ def cmd_backfill(args: argparse.Namespace) -> int:
 
 
 def cmd_recover(args: argparse.Namespace) -> int:
-    from onceflow.progress import Progress
-    from onceflow.reconcile import format_report
-    from onceflow.windows import format_windows
-
     engine = _engine(args.job)
     with Progress(f"recover {args.job}", unit="steps") as progress:
         result = ops.recover(
@@ -208,16 +180,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         _emit(result)
     else:
-        from onceflow.status import format_status
-
-        print(format_status(result.status))
+        print(ops.format_status(result.status))
     return EXIT_OK
 
 
 def cmd_reconcile(args: argparse.Namespace) -> int:
-    from onceflow.progress import Progress
-    from onceflow.reconcile import format_report
-
     engine = _engine(args.job)
     with Progress(f"reconcile {args.job}", total=len(engine.job.sinks), unit="sinks") as progress:
 
@@ -240,8 +207,6 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
 
 
 def cmd_restate(args: argparse.Namespace) -> int:
-    from onceflow.windows import parse_windows
-
     if args.cancel is not None:
         return _cancel_restatement(args)
     if args.windows is None and not args.source_replaced:
@@ -270,10 +235,11 @@ def cmd_restate(args: argparse.Namespace) -> int:
 
 
 def _cancel_restatement(args: argparse.Namespace) -> int:
-    from onceflow.restate import cancel_restatements
-
     engine = _engine(args.job, spark=False)
-    done = cancel_restatements(engine, args.cancel, reason=args.reason or "")
+    done = ops.cancel_restatement(engine, args.cancel, args.reason or "", run_id=args.run_id)
+    if args.json:
+        _emit(done)
+        return EXIT_OK
     for item in done.cancelled:
         print(
             f"window {item.window_id}: restatement cancelled (seq {item.seq}, request "
@@ -289,8 +255,6 @@ def _cancel_restatement(args: argparse.Namespace) -> int:
 
 
 def cmd_windows_skip(args: argparse.Namespace) -> int:
-    from onceflow.windows import format_windows, parse_windows
-
     engine = _engine(args.job, spark=False)
     skipped = ops.skip(engine, parse_windows(args.windows), args.reason, run_id=args.run_id)
     if args.json:
@@ -305,10 +269,11 @@ def cmd_windows_skip(args: argparse.Namespace) -> int:
 
 
 def cmd_windows_recompute(args: argparse.Namespace) -> int:
-    from onceflow.windows import format_windows, parse_windows, recompute_windows
-
     engine = _engine(args.job, spark=False)
-    done = recompute_windows(engine, parse_windows(args.windows))
+    done = ops.recompute(engine, parse_windows(args.windows), run_id=args.run_id)
+    if args.json:
+        _emit(done)
+        return EXIT_OK
     if done.deterministic:
         print(
             f"job {args.job} is deterministic: it keeps no stage, and its pending windows "
@@ -316,23 +281,24 @@ def cmd_windows_recompute(args: argparse.Namespace) -> int:
         )
         return 0
     print(
-        f"windows {format_windows(done.windows)} of {args.job}: the outputs staged by an earlier "
+        f"windows {format_windows(list(done.windows))} of {args.job}: the outputs staged by an earlier "
         f"run dropped; `onceflow run {args.job}` computes them again with the job's current "
         "code, from the same input."
     )
     if done.later:
         print(
-            f"windows {format_windows(done.later)} are computed again with them (their dedupe "
+            f"windows {format_windows(list(done.later))} are computed again with them (their dedupe "
             "looked up the keys of those windows)."
         )
     return 0
 
 
 def cmd_windows_abandon(args: argparse.Namespace) -> int:
-    from onceflow.windows import abandon_windows, format_windows, parse_windows
-
     engine = _engine(args.job, spark=False)
-    done = abandon_windows(engine, parse_windows(args.windows), args.reason)
+    done = ops.abandon(engine, parse_windows(args.windows), args.reason, run_id=args.run_id)
+    if args.json:
+        _emit(done)
+        return EXIT_OK
     if not done.windows:
         print(f"windows {args.windows} of {args.job} were abandoned before; nothing changed.")
     for wid, sinks in done.windows.items():
@@ -342,26 +308,25 @@ def cmd_windows_abandon(args: argparse.Namespace) -> int:
         )
     for sink, ids in done.lacking.items():
         print(
-            f"{sink} still lacks windows {format_windows(ids)}: run `onceflow reconcile "
+            f"{sink} still lacks windows {format_windows(list(ids))}: run `onceflow reconcile "
             f"{args.job}` to replay them."
         )
     return 0
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
-    from onceflow.registry import load_jobs
-
-    jobs = load_jobs()
-    print(f"jobs from {jobs.origin}:")
-    for job in jobs.jobs.values():
-        sinks = ", ".join(f"{s.name} ({s.describe()})" for s in job.sinks)
-        print(f"  {job.name}: {job.source.describe()} → {sinks} [{job.guarantee.value}]")
+    found = ops.jobs()
+    if args.json:
+        _emit(found)
+        return EXIT_OK
+    print(f"jobs from {found.origin}:")
+    for job in found.jobs:
+        sinks = ", ".join(f"{name} ({text})" for name, text in job.sinks)
+        print(f"  {job.name}: {job.source} → {sinks} [{job.guarantee}]")
     return 0
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from onceflow.progress import Progress
-
     engine = _engine(args.job)
     with Progress(f"validate {args.job}", unit="sinks") as progress:
         progress.phase(f"checking {', '.join(s.name for s in engine.job.sinks)}")
@@ -379,51 +344,37 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from onceflow.errors import ConfigurationError
-    from onceflow.generate import generate_payments_into
-    from onceflow.settings import Settings
-
-    if args.job != "payments":
-        raise ConfigurationError(
-            f"there is no generator for {args.job!r}; `generate` writes `payments` input."
-        )
-    settings = Settings.from_env()
-    settings.landing.mkdir()
-    out = generate_payments_into(
-        settings.landing,
+    out = ops.generate(
+        args.job,
         records=args.records,
         files=args.files,
         duplicate_rate=args.duplicate_rate,
         invalid_rate=args.invalid_rate,
         seed=args.seed,
-        job=args.job,
     )
+    if args.json:
+        _emit(out)
+        return EXIT_OK
     print(
-        f"wrote {len(out.files)} file(s) to {settings.landing / args.job}: {len(out.payments)} "
-        f"payments, {out.duplicates} duplicates, {len(out.invalid)} invalid lines"
+        f"wrote {out.files} file(s) to {out.folder}: {out.payments} "
+        f"payments, {out.duplicates} duplicates, {out.invalid} invalid lines"
     )
     return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from onceflow.demo import run_demo
-
-    return run_demo(records=args.records, files=args.files)
+    return ops.demo(records=args.records, files=args.files)
 
 
 def cmd_spark_server(args: argparse.Namespace) -> int:
-    from onceflow.spark_server import SparkServerConfig, parse_conf, serve
-
     master = args.master or os.environ.get("ONCEFLOW_SPARK_MASTER") or "local[2]"
-    serve(SparkServerConfig(args.host, args.port, master, parse_conf(args.conf)))
+    ops.serve_spark_connect(args.host, args.port, master, args.conf)
     return 0  # serve() replaces the process
 
 
 def cmd_spark_cluster(args: argparse.Namespace) -> int:
-    from onceflow.spark_cluster import ClusterConfig, StandaloneCluster
-
-    config = ClusterConfig(
-        work_dir=Path(args.work_dir).absolute(),
+    cluster = ops.spark_cluster(
+        Path(args.work_dir).absolute(),
         host=args.host,
         port=args.port,
         ui_port=args.ui_port,
@@ -431,10 +382,11 @@ def cmd_spark_cluster(args: argparse.Namespace) -> int:
         cores=args.cores,
         memory=args.memory,
     )
+    config = cluster.config
     ended = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: ended.set())
-    with StandaloneCluster(config, config.work_dir / "logs"):
+    with cluster:
         print(
             f"onceflow spark-cluster: master {config.url} with {config.workers} worker(s) of "
             f"{config.cores} core(s) and {config.memory}; runs use it with "
@@ -447,12 +399,10 @@ def cmd_spark_cluster(args: argparse.Namespace) -> int:
 
 
 def cmd_s3_server(args: argparse.Namespace) -> int:
-    from onceflow.s3_server import LocalS3
-
     ended = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: ended.set())
-    with LocalS3(host=args.host, port=args.port) as server:
+    with ops.s3_server(args.host, args.port) as server:
         for bucket in args.bucket:
             server.create_bucket(bucket)
         # Every setting a run needs but the secret key, which is never printed (it is the
@@ -591,6 +541,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     recompute.add_argument("job")
     recompute.add_argument("windows", help="window ids, e.g. 7 or 7-9")
+    _add_run_id(recompute)
+    _add_json(recompute)
     recompute.set_defaults(func=cmd_windows_recompute)
     abandon = win_sub.add_parser(
         "abandon",
@@ -601,9 +553,12 @@ def build_parser() -> argparse.ArgumentParser:
     abandon.add_argument(
         "--reason", required=True, help="why; shown in status, reconcile and validate"
     )
+    _add_run_id(abandon)
+    _add_json(abandon)
     abandon.set_defaults(func=cmd_windows_abandon)
 
     jobs = sub.add_parser("jobs", help="list the jobs onceflow finds")
+    _add_json(jobs)
     jobs.set_defaults(func=cmd_jobs)
 
     val = sub.add_parser("validate", help="run the Great Expectations suites")
@@ -618,6 +573,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--duplicate-rate", type=float, default=0.0)
     gen.add_argument("--invalid-rate", type=float, default=0.0)
     gen.add_argument("--seed", type=int, default=0)
+    _add_json(gen)
     gen.set_defaults(func=cmd_generate)
 
     srv = sub.add_parser(
@@ -706,7 +662,7 @@ def _traceback(exc: BaseException) -> str:
 
     import psycopg
 
-    from onceflow.sinks.postgres._columns import refusal_details
+    from onceflow.ops import refusal_details
 
     parts = []
     seen: set[int] = set()
@@ -750,9 +706,6 @@ def _emit_failure(args: argparse.Namespace, exc: BaseException, code: int, messa
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `onceflow` console script."""
-    from onceflow.postgres import release_embedded
-    from onceflow.spark import debug_enabled
-
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -764,7 +717,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger(noisy).setLevel(logging.ERROR)
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _exit_on)
-    debug = debug_enabled()
+    debug = ops.debug_enabled()
     try:
         code = int(args.func(args))
         sys.stdout.flush()  # here, where a closed pipe is caught, not at the interpreter's exit
@@ -807,7 +760,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _emit_failure(args, exc, EXIT_FAILED, summary)
         return EXIT_FAILED
     finally:
-        release_embedded()
+        ops.release_embedded()
 
 
 if __name__ == "__main__":

@@ -197,3 +197,78 @@ def test_the_engine_is_a_facade_over_one_module_per_stage() -> None:
         if (n := len(p.read_text().splitlines())) > 600
     }
     assert big == {}
+
+
+# What the CLI and the Dagster layer may import of the core: the package's public face and the
+# operations. Not even `onceflow.jobs` (the reference jobs): the layer finds jobs through
+# `onceflow.load_jobs`, as any orchestrator would.
+PRESENTER_IMPORTS = frozenset({"onceflow", "onceflow.ops"})
+PRESENTERS = [CORE / "cli.py", *LAYER]
+
+
+def _core_imports(tree: ast.AST, module: str) -> list[tuple[int, str]]:
+    """Every import of the core in `tree`, wherever it stands (module level, in a function,
+    under `if TYPE_CHECKING:`), as (line, module); `from onceflow import x` counts as
+    `onceflow.x` when `x` is a module of the core."""
+    package = module.rsplit(".", 1)[0] if "." in module else module
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                is_module = (CORE.parent / sub.replace(".", "/")).with_suffix(".py").exists() or (
+                    CORE.parent / sub.replace(".", "/") / "__init__.py"
+                ).exists()
+                found.append((node.lineno, sub if is_module else base))
+    core = [(line, m) for line, m in found if m == "onceflow" or m.startswith("onceflow.")]
+    return list(dict.fromkeys(core))
+
+
+def _beyond_the_boundary(tree: ast.AST, module: str, where: str) -> list[str]:
+    return [
+        f"{where}:{line} imports {name}"
+        for line, name in _core_imports(tree, module)
+        if name not in PRESENTER_IMPORTS
+    ]
+
+
+def test_the_boundary_check_counts_every_import() -> None:
+    """The check below sees imports in functions, under TYPE_CHECKING, relative ones and
+    submodules named in `from onceflow import …`, not only the module's top level."""
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "from onceflow import Job, ops, windows\n"
+        "if TYPE_CHECKING:\n"
+        "    from onceflow.engine import Engine\n"
+        "def f():\n"
+        "    import onceflow.status\n"
+        "    from .lineage import lineage\n"
+        "    from onceflow.ops import format_windows\n"
+    )
+    found = _beyond_the_boundary(ast.parse(source), "onceflow.cli", "x.py")
+    assert found == [
+        "x.py:2 imports onceflow.windows",
+        "x.py:4 imports onceflow.engine",
+        "x.py:6 imports onceflow.status",
+        "x.py:7 imports onceflow.lineage",
+    ]
+
+
+def test_the_cli_and_the_dagster_layer_import_only_onceflow_and_ops() -> None:
+    """cli.py, assets/, resources/, sensors/ and definitions.py reach the core through
+    `onceflow` and `onceflow.ops` only, so a second orchestrator needs nothing else."""
+    found: list[str] = []
+    seen = 0
+    for path in _files(*PRESENTERS):
+        module = _module(path) if path.is_relative_to(CORE) else path.stem
+        tree = ast.parse(path.read_text())
+        seen += len(_core_imports(tree, module))
+        found += _beyond_the_boundary(tree, module, str(path.relative_to(ROOT)))
+    assert seen > 20  # the walk found the layer's imports
+    assert found == [], "import the name from `onceflow` or `onceflow.ops` instead: " + str(found)

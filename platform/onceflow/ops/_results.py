@@ -242,3 +242,127 @@ class StatusResult:
 
     def as_json(self) -> dict[str, Any]:
         return self.status
+
+
+@dataclass(frozen=True)
+class RecomputeResult:
+    """What `recompute` dropped: the stages of `windows` and of `later` windows whose dedupe
+    looked up their keys; `deterministic` when the job stages nothing (nothing to drop)."""
+
+    job: str
+    windows: tuple[int, ...]
+    later: tuple[int, ...] = ()
+    deterministic: bool = False
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "operation": "recompute",
+            "ok": True,
+            "job": self.job,
+            "windows": list(self.windows),
+            "later": list(self.later),
+            "deterministic": self.deterministic,
+        }
+
+
+@dataclass(frozen=True)
+class AbandonResult:
+    """What `abandon` recorded: window → the sinks it is abandoned for now (empty when every
+    window was abandoned before), and sink → completed windows it still lacks (a reconcile
+    replays those)."""
+
+    job: str
+    reason: str
+    windows: dict[int, tuple[str, ...]]
+    lacking: dict[str, tuple[int, ...]]
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "operation": "abandon",
+            "ok": True,
+            "job": self.job,
+            "reason": self.reason,
+            "windows": {str(w): list(s) for w, s in self.windows.items()},
+            "lacking": {s: list(w) for s, w in self.lacking.items()},
+        }
+
+
+@dataclass(frozen=True)
+class RestatementItem:
+    """One window's restatement of a request."""
+
+    window_id: int
+    seq: int
+    cancelled: str | None
+
+
+@dataclass(frozen=True)
+class CancelResult:
+    """What `cancel_restatement` did: the request's restatements cancelled (now or by an
+    earlier cancel), and those that had finished (they stay)."""
+
+    job: str
+    request: str
+    reason: str
+    cancelled: tuple[RestatementItem, ...]
+    finished: tuple[RestatementItem, ...]
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "operation": "cancel_restatement",
+            "ok": True,
+            "job": self.job,
+            "request": self.request,
+            "reason": self.reason,
+            "cancelled": [{"window_id": i.window_id, "seq": i.seq} for i in self.cancelled],
+            "finished": [{"window_id": i.window_id, "seq": i.seq} for i in self.finished],
+        }
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """One registered job, described: its source, its sinks (name, description), guarantee."""
+
+    name: str
+    source: str
+    sinks: tuple[tuple[str, str], ...]
+    guarantee: str
+
+
+@dataclass(frozen=True)
+class JobsResult:
+    """The jobs onceflow finds, and where it found them."""
+
+    origin: str
+    jobs: tuple[JobInfo, ...]
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "operation": "jobs",
+            "ok": True,
+            "origin": self.origin,
+            "jobs": [
+                {
+                    "name": j.name,
+                    "source": j.source,
+                    "sinks": [{"name": n, "describe": d} for n, d in j.sinks],
+                    "guarantee": j.guarantee,
+                }
+                for j in self.jobs
+            ],
+        }
+
+
+@dataclass(frozen=True)
+class GenerateResult:
+    """What `generate` wrote into the landing folder."""
+
+    job: str
+    folder: str
+    files: int
+    payments: int
+    duplicates: int
+    invalid: int
+
+    def as_json(self) -> dict[str, Any]:
+        return {"operation": "generate", "ok": True, **self.__dict__}
