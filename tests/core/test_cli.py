@@ -126,10 +126,5 @@ def test_a_sink_that_lost_its_table_exits_5_and_recover_makes_it_exact(
     # Nothing lost, nothing doubled: every sink equals the oracle over all the input.
     assert_exact(expected_outputs(landing), actual_outputs(pg_dsn, lake))
 
-    if refused.returncode != EXIT_NEEDS_RECOVERY:
-        # The start-up check (`Engine.check_sinks_hold_completed`) raises a LedgerError, which
-        # is terminal, for a sink lacking windows: exit 1, and Dagster marks the run terminal
-        # instead of starting a recovery. Raising SinkStateError there is the engine's fix.
-        pytest.xfail(f"exit {refused.returncode} ({failure['error']}), not 5 (SinkStateError)")
     assert refused.returncode == EXIT_NEEDS_RECOVERY == 5
     assert failure["error"] == "SinkStateError" and failure["needs_recovery"] is True

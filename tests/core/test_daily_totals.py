@@ -265,7 +265,7 @@ def _refill_with_other_rows(path: Path, versions: int) -> None:
 def test_a_replaced_payments_table_is_refused_and_restated_exactly(
     spark, how: str, pg_dsn: str, tmp_path: Path, lake: Path, landing: Path
 ) -> None:
-    from onceflow.errors import LedgerError, SourceError
+    from onceflow.errors import SinkStateError, SourceError
 
     home = tmp_path / "home"
     home.mkdir()
@@ -292,7 +292,7 @@ def test_a_replaced_payments_table_is_refused_and_restated_exactly(
         # with the old numbers), then more payments are committed on top.
         shutil.rmtree(path)
         shutil.copytree(tmp_path / "payments-copy", path)
-        with pytest.raises(LedgerError, match="onceflow reconcile payments"):
+        with pytest.raises(SinkStateError, match="onceflow reconcile payments"):
             payments.run()
         reconcile(payments)
         generate_payments(landing, records=80, files=1, invalid_rate=0.05, seed=43)

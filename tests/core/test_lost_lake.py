@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from onceflow.engine import Engine
-from onceflow.errors import LedgerError
+from onceflow.errors import SinkStateError
 from onceflow.generate import generate_payments
 from onceflow.reconcile import reconcile
 from onceflow.registry import get_job
@@ -86,7 +86,7 @@ def test_lost_lake_is_refused_then_reconcile_replays_it_and_runs_go_on(
         lake.mkdir()
     data.land(6)  # new input, whose duplicates of earlier payments need the lost dedupe state
 
-    with pytest.raises(LedgerError) as refused:
+    with pytest.raises(SinkStateError) as refused:
         engine().run(max_units_per_window=2)
     lacking = "1-2" if damage == "deleted" else "2"
     assert f"lake_payments lacks windows {lacking}" in refused.value.message

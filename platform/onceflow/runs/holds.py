@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from onceflow.errors import LedgerError
+from onceflow.errors import LedgerError, SinkStateError
 from onceflow.job import Guarantee
 from onceflow.ledger import Window
 from onceflow.window.context import JobContext
@@ -61,12 +61,15 @@ def check_sinks_hold_completed(ctx: JobContext) -> None:
         if gone
         else ""
     )
-    raise LedgerError(
+    message = (
         f"job {job.name}: {which}, which the ledger records as committed (was the lake "
         "deleted, moved, or restored from an older copy?). Nothing was computed. Run "
         f"`onceflow reconcile {job.name}`: it replays the windows those sinks lack and "
         f"restores their commit records; then run the job again.{lost}"
     )
+    # Recovery (reconcile) repairs a sink whose windows can be replayed; windows whose input
+    # is gone need the operator's word first (`windows abandon`).
+    raise (LedgerError if gone else SinkStateError)(message)
 
 
 def incomplete_windows(ctx: JobContext, windows: Sequence[Window]) -> dict[int, list[str]]:

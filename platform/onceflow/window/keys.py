@@ -7,7 +7,7 @@ from typing import Any
 
 from onceflow._identifiers import session_name
 from onceflow._keyindex import Basis, IndexState, key_frame, spans
-from onceflow.errors import LedgerError, TransientSinkError
+from onceflow.errors import LedgerError, SinkStateError, TransientSinkError
 from onceflow.sinks.writers import rows_written, run_writers
 from onceflow.window.context import JobContext
 from onceflow.window.outputs import KEYS_OUTPUT
@@ -51,7 +51,7 @@ def ensure_index(ctx: JobContext, window_id: int, epoch: int | None = None) -> I
     group = ctx.group_of[dedupe.state_sink]
     through = group.committed_through()[dedupe.state_sink]
     if through < missing[-1] and _unskipped(ctx, through, missing[-1] + 1):
-        raise LedgerError(
+        raise SinkStateError(
             f"job {job.name}: dedupe state {dedupe.state_sink} holds windows up to "
             f"{through}, but window {window_id} needs every window before it (was the lake "
             "lost or replaced?). Run `onceflow reconcile " + job.name + "`."
