@@ -66,6 +66,15 @@ def _finished(dev, run_id: str) -> dict | None:
     return run if run and run["status"] in ("SUCCESS", "FAILURE", "CANCELED") else None
 
 
+def _judged(dev, run_id: str) -> dict | None:
+    """The run once it ended and, if it failed, once Dagster tagged its retry verdict (the tag
+    comes a moment after the FAILURE status)."""
+    run = _finished(dev, run_id)
+    if run and run["status"] == "FAILURE" and "dagster/will_retry" not in run["tags"]:
+        return None
+    return run
+
+
 def test_dagster_on_postgres_storage_launches_runs_and_leaves_terminal_failures_alone(
     pg_dsn: str, dagster_db: str, pg_server_dsn: str, lake: Path, landing: Path, tmp_path: Path
 ) -> None:
@@ -98,7 +107,7 @@ def test_dagster_on_postgres_storage_launches_runs_and_leaves_terminal_failures_
             # A run that fails: a backfill of a window never planned is refused.
             generate_payments(landing, records=500, files=1, seed=6)
             bad = dev.launch(f"{JOB}_job", {"ops": {f"{JOB}_run": {"config": {"windows": "99"}}}})
-            failed = wait_for("the refused backfill", lambda: _finished(dev, bad), RUN_TIMEOUT_S, 1)
+            failed = wait_for("the refused backfill", lambda: _judged(dev, bad), RUN_TIMEOUT_S, 1)
             assert failed["status"] == "FAILURE", failed
 
             # Terminal (a typo cannot pass on a retry): Dagster's verdict says no retry, and
