@@ -23,6 +23,9 @@ from onceflow.ops import LineageRow, TableFacts
 ROW_COUNT = "dagster/row_count"
 COLUMN_SCHEMA = "dagster/column_schema"
 URI = "dagster/uri"
+# `schema.table` for PostgreSQL, the table's folder under the lake root for Delta (its location
+# is `dagster/uri`): from the job's definition, never the connection, so never credentials.
+TABLE_NAME = "dagster/table_name"
 # Windows shown in a materialisation's lineage table.
 LINEAGE_WINDOWS = 20
 # Dagster refuses freshness windows under a minute.
@@ -34,17 +37,25 @@ def column_schema(columns: Sequence[tuple[str, str]]) -> TableSchema:
 
 
 def definition_metadata(sink: SinkSpec) -> dict[str, Any]:
-    """Definition metadata of a sink asset: its declared columns, when the job declares them
-    (a Delta sink's columns follow the transform and appear with its first materialisation)."""
+    """Definition metadata of a sink asset: its table's name, and its declared columns when
+    the job declares them (a Delta sink's columns follow the transform and appear with its
+    first materialisation)."""
     declared = sink.declared_columns()
-    return {COLUMN_SCHEMA: column_schema(declared)} if declared else {}
+    name = sink.table_name
+    return {
+        **({TABLE_NAME: name} if name else {}),
+        **({COLUMN_SCHEMA: column_schema(declared)} if declared else {}),
+    }
 
 
-def table_metadata(facts: TableFacts | None) -> dict[str, Any]:
-    """`dagster/uri`, `dagster/column_schema` and `dagster/row_count` of a sink's table now."""
+def table_metadata(sink: SinkSpec, facts: TableFacts | None) -> dict[str, Any]:
+    """`dagster/table_name`, `dagster/uri`, `dagster/column_schema` and `dagster/row_count` of
+    a sink's table now."""
+    name = sink.table_name
+    out: dict[str, Any] = {TABLE_NAME: MetadataValue.text(name)} if name else {}
     if facts is None:
-        return {}
-    out: dict[str, Any] = {URI: MetadataValue.text(facts.uri)}
+        return out
+    out[URI] = MetadataValue.text(facts.uri)
     if facts.columns:
         out[COLUMN_SCHEMA] = MetadataValue.table_schema(column_schema(facts.columns))
     if facts.row_count is not None:

@@ -26,11 +26,20 @@ CHECK_NAME = "quality"
 FRESHNESS_CHECK = "input_planned_in_time"
 
 
+def gates(job: Job, key: AssetKey) -> bool:
+    """Whether the quality check of the sink asset `key` is blocking: a lake table, which
+    other jobs read as their input (payments → daily_totals). A failed check then stops the
+    assets downstream of it in the same run; the PostgreSQL sinks' checks do not, so a run
+    that includes the recovery asset still repairs them."""
+    return job.sink(key.to_user_string()).lake_table is not None
+
+
 def build_quality_checks(job: Job, keys: Sequence[AssetKey]) -> list[AssetChecksDefinition]:
     """One multi-asset check running the job's suites, with one result per sink asset.
 
     The suites and their rules come from the job's definition (`quality_targets`); the check
-    only runs them and reports counts, never row values.
+    only runs them and reports counts, never row values. The checks of the sinks other jobs
+    read are blocking (`gates`).
     """
 
     @multi_asset_check(
@@ -40,6 +49,7 @@ def build_quality_checks(job: Job, keys: Sequence[AssetKey]) -> list[AssetChecks
                 CHECK_NAME,
                 asset=key,
                 description="No duplicate keys; row counts and sums equal what the ledger says.",
+                blocking=gates(job, key),
             )
             for key in keys
         ],

@@ -224,7 +224,7 @@ def _sink_assets(job: Job, upstream: AssetKey, observed: AssetKey | None) -> Ass
                     metadata={
                         **sink_metadata(report, sink.name, version),
                         **items,
-                        **table_metadata(group.table_facts(sink.name)),
+                        **table_metadata(sink, group.table_facts(sink.name)),
                         "lineage": lineage_table(recent, sink, abandoned),
                         "lineage_view": lineage_view(job.name),
                     },

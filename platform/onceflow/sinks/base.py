@@ -158,6 +158,12 @@ class SinkSpec(ABC):
         """The table under the lake root this sink writes, if any (for lineage between jobs)."""
         return None
 
+    @property
+    def table_name(self) -> str | None:
+        """The table's name as a data catalog shows it (no credentials): by default the table
+        under the lake root, if any."""
+        return self.lake_table
+
     def declared_columns(self) -> tuple[tuple[str, str], ...]:
         """(name, type) of the columns the job declares for this sink (empty when its columns
         follow the transform's output and are known only once written)."""

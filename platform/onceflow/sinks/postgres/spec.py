@@ -208,6 +208,10 @@ class PostgresSink(SinkSpec):
     def describe(self) -> str:
         return f"PostgreSQL table `{self.schema}.{self.table}` ({self.mode})"
 
+    @property
+    def table_name(self) -> str:
+        return f"{self.schema}.{self.table}"
+
     def declared_columns(self) -> tuple[tuple[str, str], ...]:
         return tuple(self.columns.items())
 
