@@ -17,7 +17,7 @@ demo: setup
 
 lint: setup
 	$(BIN)/ruff check .
-	$(BIN)/ruff format --check platform assets resources sensors tests definitions.py
+	$(BIN)/ruff format --check platform assets resources sensors components tests definitions.py
 
 # Test processes: each has its own Spark session and PostgreSQL server; a test file stays in
 # one process (its module fixtures are built once). Much of a test's time is spent waiting on

@@ -1,4 +1,7 @@
-"""The Dagster definitions of onceflow: every configured job's assets, checks, jobs and sensors."""
+"""The Dagster definitions of onceflow: every configured job's assets, checks, jobs and sensors.
+
+The same definitions, one component per job, load from `components/defs/` (`dg check defs`).
+"""
 
 from __future__ import annotations
 
@@ -10,16 +13,7 @@ from dagster import Definitions
 from assets import build_job_assets
 from assets.factory import lake_tables
 from onceflow import load_jobs
-from resources import OnceflowSettingsResource, PostgresResource, SparkResource
-
-
-def default_resources() -> dict[str, Any]:
-    """Local Spark, PostgreSQL from `ONCEFLOW_POSTGRES_DSN` (else embedded), folders from env."""
-    return {
-        "spark": SparkResource(),
-        "postgres": PostgresResource.from_env(),
-        "onceflow": OnceflowSettingsResource(),
-    }
+from resources import default_resources
 
 
 def build_defs(resources: Mapping[str, Any] | None = None) -> Definitions:

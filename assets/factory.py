@@ -57,6 +57,7 @@ from sensors import build_failure_sensor, build_new_data_sensor, build_reconcile
 from sensors.failure import JOB_TAG, KIND_TAG
 from sensors.observation import source_observation
 from sensors.quality import build_quality_sensor
+from sensors.schedules import RECONCILE_CRON
 
 
 class JobDefs(NamedTuple):
@@ -88,13 +89,19 @@ def lake_tables(jobs: Sequence[Job]) -> dict[str, AssetKey]:
     }
 
 
-def build_job_assets(job: Job, upstream: Mapping[str, AssetKey] | None = None) -> JobDefs:
+def build_job_assets(
+    job: Job,
+    upstream: Mapping[str, AssetKey] | None = None,
+    *,
+    reconcile_cron: str = RECONCILE_CRON,
+) -> JobDefs:
     """Build the source, the sink assets, recovery, checks, jobs, sensors and schedule.
 
     One run of the sink assets is one run of the engine: it commits every sink, so the assets
     cannot be materialised apart (`can_subset=False`). When another job writes the table this
     job reads (`upstream`, from `lake_tables`), that job's sink asset is this job's upstream;
-    otherwise the job gets an observable source asset.
+    otherwise the job gets an observable source asset. `reconcile_cron`: when the reconcile
+    schedule runs the recovery job (hourly by default).
     """
     table = job.source.lake_table
     parent = (upstream or {}).get(table) if table is not None else None
@@ -156,7 +163,7 @@ def build_job_assets(job: Job, upstream: Mapping[str, AssetKey] | None = None) -
             ),
         ],
         jobs=[run_job, recovery_job, follow_job],  # type: ignore[list-item]
-        schedules=[build_reconcile_schedule(job, recovery_job)],
+        schedules=[build_reconcile_schedule(job, recovery_job, cron=reconcile_cron)],
     )
 
 

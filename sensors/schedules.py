@@ -10,12 +10,14 @@ from dagster import (
 from onceflow import Job
 from sensors._target import RunTarget
 
+RECONCILE_CRON = "0 * * * *"
+
 
 def build_reconcile_schedule(
     job: Job,
     recovery: RunTarget,
     *,
-    cron: str = "0 * * * *",
+    cron: str = RECONCILE_CRON,
 ) -> ScheduleDefinition:
     """Runs `recovery` on `cron` (hourly by default): replay, verify, incremental reconcile."""
     return ScheduleDefinition(
@@ -24,5 +26,9 @@ def build_reconcile_schedule(
         cron_schedule=cron,
         default_status=DefaultScheduleStatus.RUNNING,
         tags={"onceflow/trigger": "schedule"},
-        description=f"Hourly recovery and reconciliation of {job.name}.",
+        description=(
+            f"Hourly recovery and reconciliation of {job.name}."
+            if cron == RECONCILE_CRON
+            else f"Recovery and reconciliation of {job.name} on `{cron}`."
+        ),
     )

@@ -10,7 +10,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 CORE = ROOT / "platform" / "onceflow"
-LAYER = [ROOT / "assets", ROOT / "resources", ROOT / "sensors", ROOT / "definitions.py"]
+LAYER = [
+    ROOT / "assets",
+    ROOT / "resources",
+    ROOT / "sensors",
+    ROOT / "components",
+    ROOT / "definitions.py",
+]
 KIND_CLASSES = {
     "DeltaSink": "sinks/delta",
     "DeltaGroup": "sinks/delta",

@@ -1,0 +1,1 @@
+"""One folder per onceflow job (its `defs.yaml`), and the resources they share."""
