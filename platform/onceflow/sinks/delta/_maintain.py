@@ -3,11 +3,12 @@ clean the log.
 
 Why each step keeps the guarantee (docs/design.md, "Maintenance"):
 
-- Compaction is one delta-rs OPTIMIZE commit whose actions all carry `dataChange=false`: the
-  rows, the app transactions and the table id stay, a `DeltaTableSource` skips it, and a
-  window commit racing it loses its race (every onceflow commit is made on its snapshot with
-  `max_commit_retries=0`) and decides again on the new snapshot. Delta's conflict rules fail
-  the compaction instead if a concurrent commit removed a file it rewrites.
+- Compaction is one commit whose actions all carry `dataChange=false` (small files read and
+  written again as one): the rows, the app transactions and the table id stay, and a
+  `DeltaTableSource` skips it. Like every onceflow commit it is made on its snapshot with
+  `max_commit_retries=0`, so whichever of it and a window's (or restatement's, or repair's)
+  commit comes second fails, and decides again on the new snapshot. (delta-rs's OPTIMIZE is
+  not used: its post-commit hook cleans the log whatever it is told, past any horizon.)
 - A file some readable log entry names but no version from the keep version on holds was
   committed and removed: no commit in flight can name it again (every commit adds new files),
   so it goes without a fence.
@@ -21,22 +22,32 @@ Why each step keeps the guarantee (docs/design.md, "Maintenance"):
 
 from __future__ import annotations
 
+import json
 import logging
 import time
+import uuid
 from collections.abc import Callable, Sequence
+from typing import Any
+from urllib.parse import unquote
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable
-from deltalake.transaction import PostCommitHookProperties
+from deltalake.exceptions import CommitFailedError
+from deltalake.transaction import AddAction, RemoveAction
 
 from onceflow.maintain._horizon import Hold
 from onceflow.maintain._log import LogFacts, data_files, log_files_before, read_log, version_at
 from onceflow.maintain._options import Options
 from onceflow.maintain._report import TableMaintained
-from onceflow.sinks.delta.table import META_PREFIX, DeltaTableSink
+from onceflow.sinks.delta._files import POST_COMMIT
+from onceflow.sinks.delta.table import COMMIT_TOKEN, META_PREFIX, DeltaTableSink
 from onceflow.windows import parse_interval
 
 _log = logging.getLogger(__name__)
 
+# Compaction commits lost to concurrent commits before it gives up for this run.
+COMPACT_ATTEMPTS = 5
 FILE_RETENTION_PROPERTY = "delta.deletedFileRetentionDuration"
 FILE_RETENTION_DEFAULT = "interval 1 week"
 LOG_RETENTION_PROPERTY = "delta.logRetentionDuration"
@@ -75,7 +86,7 @@ def maintain_table(
         if options.dry_run:
             compacted = len(small)
         else:
-            compacted, compaction_version = _compact(sink, table, options, notes)
+            compacted, compaction_version = _compact(sink, options, notes)
     table = sink.table()
     facts = read_log(path)
     if not options.dry_run and table.version() not in facts.checkpoints:
@@ -174,32 +185,105 @@ def _location_of(table: DeltaTable):  # noqa: ANN202 - a Location, imported lazi
     return Location.parse(table.table_uri)
 
 
-def _compact(
-    sink: DeltaTableSink, table: DeltaTable, options: Options, notes: list[str]
-) -> tuple[int, int | None]:
-    try:
-        metrics = table.optimize.compact(
-            target_size=options.target_file_bytes,
-            commit_properties=CommitProperties(
-                custom_metadata={
-                    f"{META_PREFIX}job": sink.job,
-                    f"{META_PREFIX}sink": sink.sink,
-                    f"{META_PREFIX}maintain": "compact",
-                }
-            ),
-            # The checkpoint and the log cleanup are this module's, past its horizon.
-            post_commithook_properties=PostCommitHookProperties(
-                create_checkpoint=False, cleanup_expired_logs=False
-            ),
+def _compact(sink: DeltaTableSink, options: Options, notes: list[str]) -> tuple[int, int | None]:
+    """Rewrite the table's small files into files up to the target size, in one commit whose
+    actions all carry `dataChange=false`, made on its snapshot as every onceflow commit is
+    (`max_commit_retries=0`): a concurrent commit makes it fail, and it is decided again."""
+    for _ in range(COMPACT_ATTEMPTS):
+        table = sink.table()
+        if table.metadata().partition_columns:
+            notes.append("not compacted: the table is partitioned")
+            return 0, None
+        bins = _bins(pa.table(table.get_add_actions(flatten=True)).to_pylist(), options)
+        if not bins:
+            return 0, None
+        base = table.version()
+        folder = f"m{base + 1:010d}-{uuid.uuid4().hex[:8]}"
+        actions = _rewrite(sink, folder, bins)
+        token = uuid.uuid4().hex
+        try:
+            table.create_write_transaction(
+                actions,
+                mode="append",
+                schema=table.schema(),
+                commit_properties=CommitProperties(
+                    custom_metadata={
+                        f"{META_PREFIX}job": sink.job,
+                        f"{META_PREFIX}sink": sink.sink,
+                        f"{META_PREFIX}maintain": "compact",
+                        COMMIT_TOKEN: token,
+                    },
+                    max_commit_retries=0,
+                ),
+                post_commithook_properties=POST_COMMIT,
+            )
+        except Exception as exc:
+            if sink._landed(token, base) is not None:
+                return sum(len(b) for b in bins), base + 1
+            (sink.path / folder).delete_tree()
+            if not isinstance(exc, CommitFailedError):
+                raise
+            continue  # the table moved: decide again on the new snapshot
+        return sum(len(b) for b in bins), base + 1
+    notes.append(
+        f"not compacted: the table kept moving ({COMPACT_ATTEMPTS} commits lost); "
+        "run `onceflow maintain` again"
+    )
+    return 0, None
+
+
+def _bins(adds: list[dict[str, Any]], options: Options) -> list[list[dict[str, Any]]]:
+    """The small files in groups of two or more, each group's bytes up to the target."""
+    small = [a for a in adds if int(a["size_bytes"]) < options.target_file_bytes]
+    bins: list[list[dict[str, Any]]] = [[]]
+    for add in small:
+        if (
+            bins[-1]
+            and sum(int(a["size_bytes"]) for a in bins[-1]) + int(add["size_bytes"])
+            > options.target_file_bytes
+        ):
+            bins.append([])
+        bins[-1].append(add)
+    return [b for b in bins if len(b) > 1]
+
+
+def _rewrite(
+    sink: DeltaTableSink, folder: str, bins: list[list[dict[str, Any]]]
+) -> list[AddAction | RemoveAction]:
+    fs = sink.path.filesystem()
+    now_ms = int(time.time() * 1000)
+    actions: list[AddAction | RemoveAction] = []
+    (sink.path / folder).mkdir()
+    for group in bins:
+        parts = []
+        for add in group:
+            with fs.open_input_file((sink.path / unquote(add["path"])).fs_path) as handle:
+                parts.append(pq.read_table(handle).replace_schema_metadata(None))
+            actions.append(
+                RemoveAction(
+                    path=add["path"],
+                    data_change=False,
+                    deletion_timestamp=now_ms,
+                    size=int(add["size_bytes"]),
+                    partition_values={},
+                )
+            )
+        data = pa.concat_tables(parts, promote_options="default")
+        name = f"{folder}/part-{uuid.uuid4().hex}.parquet"
+        with fs.open_output_stream((sink.path / name).fs_path) as out:
+            pq.write_table(data, out)
+            size = out.tell()
+        actions.append(
+            AddAction(
+                path=name,
+                size=size,
+                partition_values={},
+                modification_time=now_ms,
+                data_change=False,
+                stats=json.dumps({"numRecords": data.num_rows}),
+            )
         )
-    except Exception as exc:  # a conflict with a concurrent rewrite: nothing was committed
-        notes.append(
-            f"compaction did not commit ({type(exc).__name__}: {exc}); its files are orphans "
-            "the next maintenance removes. Run `onceflow maintain` again."
-        )
-        return 0, None
-    removed = int(metrics.get("numFilesRemoved", 0))
-    return removed, (sink.table().version() if removed else None)
+    return actions
 
 
 def _kept(sink: DeltaTableSink, facts: LogFacts, keep: int, notes: list[str]) -> set[str] | None:
