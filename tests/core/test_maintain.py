@@ -279,3 +279,29 @@ def test_a_window_commit_racing_compaction_decides_again(settings: Settings, pg_
     assert sorted(rows) == sorted([f"e{i}-{j}" for i in range(3) for j in range(3)] + ["late-0"])
     history = DeltaTable(str(path)).history()
     assert any(h.get("onceflow.maintain") == "compact" for h in history)
+
+
+def test_the_cli_prints_the_result_as_json(pg_dsn: str, tmp_path: Path, lake: Path) -> None:
+    """`onceflow maintain` finds the job and its readers in the registry (here the reference
+    jobs: daily_totals reads payments' table)."""
+    import json
+
+    from onceflow.generate import generate_payments
+    from tests.support.cli import CliRun, cli_env
+
+    landing = tmp_path / "landing"
+    generate_payments(landing, records=20, files=1, seed=3)
+    home = tmp_path / "home"
+    env = cli_env(home=home, dsn=pg_dsn, lake=lake, landing=landing)
+    lake_path = lake / "payments"
+    lake_path.mkdir()
+    pa_rows = pa.table({"payment_id": ["p1"], "_window_id": pa.array([1], pa.int64())})
+    sink = DeltaTableSink("payments", "lake_payments", Location.parse(str(lake_path)))
+    sink.ensure_table(pa_rows.schema)
+    done = CliRun(["maintain", "payments", "--dry-run", "--json"], env, home / "logs").finish()
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout)
+    assert result["operation"] == "maintain" and result["dry_run"] is True
+    (table,) = result["tables"]
+    assert table["sink"] == "lake_payments"
+    assert [h["job"] for h in table["held_by"]] == ["daily_totals"]

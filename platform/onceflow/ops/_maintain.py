@@ -40,8 +40,7 @@ def maintain(
     if jobs is None:
         from onceflow.registry import load_jobs
 
-        found = load_jobs()
-        jobs = [found.get(name) for name in found.names()]
+        jobs = list(load_jobs().jobs.values())
     if engine.job.name not in {j.name for j in jobs}:
         jobs = [*jobs, engine.job]
     age = ORPHAN_AGE if orphan_age_s is None else timedelta(seconds=orphan_age_s)
