@@ -437,6 +437,38 @@ def _add_json(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def cmd_maintain(args: argparse.Namespace) -> int:
+    result = ops.maintain(
+        _engine(args.job, spark=False),
+        dry_run=args.dry_run,
+        orphan_age_s=args.orphan_age_s,
+        run_id=args.run_id,
+    )
+    if args.json:
+        _emit(result)
+    else:
+        print("\n".join(result.lines()))
+    return EXIT_OK
+
+
+def _add_maintain(sub: Any) -> None:
+    mnt = sub.add_parser(
+        "maintain",
+        help="compact, checkpoint, vacuum the job's Delta sinks past what readers still need",
+    )
+    mnt.add_argument("job")
+    mnt.add_argument("--dry-run", action="store_true", help="report; change nothing")
+    mnt.add_argument(
+        "--orphan-age-s",
+        type=float,
+        default=None,
+        help="remove files no commit names once older than this (default 3600), under a fence",
+    )
+    _add_run_id(mnt)
+    _add_json(mnt)
+    mnt.set_defaults(func=cmd_maintain)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="onceflow", description="Exactly-once Spark jobs into Delta Lake and PostgreSQL."
@@ -489,6 +521,7 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("job")
     _add_json(status)
     status.set_defaults(func=cmd_status)
+    _add_maintain(sub)
 
     rec = sub.add_parser("reconcile", help="diff every sink against the expected state, repair")
     rec.add_argument("job")

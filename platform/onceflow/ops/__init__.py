@@ -36,6 +36,7 @@ from onceflow.ops._exit import (
     EXIT_RETRYABLE,
     exit_code,
 )
+from onceflow.ops._maintain import MaintainResult, maintain
 from onceflow.ops._present import (
     DEFAULT_MAX_UNITS_PER_WINDOW,
     Freshness,
@@ -109,6 +110,7 @@ __all__ = [
     "JobRef",
     "JobsResult",
     "LineageRow",
+    "MaintainResult",
     "OpenItems",
     "PendingWork",
     "Progress",
@@ -140,6 +142,7 @@ __all__ = [
     "is_terminal",
     "jobs",
     "lineage",
+    "maintain",
     "needs_recovery",
     "open_engine",
     "open_from_env",

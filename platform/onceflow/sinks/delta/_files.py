@@ -12,9 +12,14 @@ from urllib.parse import unquote
 import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
-from deltalake.transaction import AddAction, RemoveAction
+from deltalake.transaction import AddAction, PostCommitHookProperties, RemoveAction
 
 from onceflow.storage import Location
+
+# Checkpoints as delta-rs writes them, but no log cleanup after a commit: delta-rs would remove
+# every entry older than `delta.logRetentionDuration` below the newest checkpoint, whatever a
+# downstream job has not read yet. Only `onceflow maintain` cleans the log, past its horizon.
+POST_COMMIT = PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=False)
 
 
 def add_actions(results: list[dict[str, Any]]) -> list[AddAction]:

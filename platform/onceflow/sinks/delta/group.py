@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
     from onceflow.ledger import Window
+    from onceflow.maintain import Hold, Options, TableMaintained
     from onceflow.quality import Target
 
 RETENTION_PROPERTY = "delta.setTransactionRetentionDuration"
@@ -416,6 +417,30 @@ class DeltaGroup(SinkGroup):
                 f"days') or {LOG_CLEANUP_PROPERTY} = 'false' {fix}, or give the job a "
                 "PostgreSQL sink."
             )
+
+    def maintain(
+        self,
+        holds: Callable[[Location], list[Hold]],
+        *,
+        fence: Callable[[], int],
+        options: Options,
+        log_is_only_record: bool,
+    ) -> list[TableMaintained]:
+        """Compact, checkpoint, vacuum and clean the log of the table, past `holds(path)`
+        (`onceflow.sinks.delta._maintain`); nothing for a table not created yet."""
+        from onceflow.sinks.delta._maintain import maintain_table
+
+        if not self.table.exists():
+            return []
+        return [
+            maintain_table(
+                self.table,
+                holds(self.table.path),
+                log_is_only_record=log_is_only_record,
+                fence=fence,
+                options=options,
+            )
+        ]
 
     def data_version(self, sink: str) -> int | None:
         """The version holding the newest window commit (epoch claims move the table's version

@@ -32,7 +32,7 @@ from deltalake.transaction import AddAction, RemoveAction
 
 from onceflow._identifiers import delta_app_id, epoch_app_id, restate_app_id
 from onceflow.errors import FencedError, SinkError, SinkStateError, TransientSinkError
-from onceflow.sinks.delta._files import add_actions, rewrite_without_window
+from onceflow.sinks.delta._files import POST_COMMIT, add_actions, rewrite_without_window
 from onceflow.sinks.writers import ParquetFileWriter, run_writers
 from onceflow.storage import Location
 
@@ -254,13 +254,16 @@ class DeltaTableSink:
             base = table.version()
             try:
                 table.create_write_transaction(
-                    actions(table), mode="append", schema=table.schema(), commit_properties=props
+                    actions(table),
+                    mode="append",
+                    schema=table.schema(),
+                    commit_properties=props,
+                    post_commithook_properties=POST_COMMIT,
                 )
             except Exception as exc:
-                # The commit may have landed though the call failed: its answer lost (a retried
-                # conditional put then meets its own entry and fails as a conflict), or an error
-                # after the entry was written. Its files are the table's now: it counts as done
-                # and nothing is removed.
+                # The commit may have landed though the call failed (its answer lost: a retried
+                # conditional put meets its own entry; an error after the entry was written).
+                # Its files are the table's now: it counts as done and nothing is removed.
                 landed = self._landed(token, base)
                 if landed is not None:
                     _log.warning(
@@ -532,6 +535,7 @@ class DeltaTableSink:
                     max_commit_retries=0,
                     app_transactions=[Transaction(self.epoch_app, epoch)],
                 ),
+                post_commithook_properties=POST_COMMIT,
             )
         except Exception as exc:
             landed = self._landed(token, base)
@@ -574,9 +578,8 @@ class DeltaTableSink:
     def first_entry(self) -> dict[str, Any] | None:
         """The commit info of log entry 0 (the table's creation), None when it is gone.
 
-        Log cleanup removes the oldest entries first (those before a checkpoint and older than
-        `delta.logRetentionDuration`), so version 0 present means the log names every commit.
-        Read by name, not from a listing."""
+        Log cleanup removes the oldest entries first (below a checkpoint, past the horizon), so
+        version 0 present means the log names every commit. Read by name, not from a listing."""
         return self._entry(0)
 
     def history(self) -> list[dict[str, Any]]:

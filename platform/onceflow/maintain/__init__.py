@@ -1,0 +1,22 @@
+"""Table maintenance that keeps the guarantee: compaction, checkpoints, vacuum and log cleanup
+of a job's Delta sinks, only past the horizon onceflow computes (docs/design.md,
+"Maintenance"; docs/operating.md)."""
+
+from __future__ import annotations
+
+from onceflow.maintain._horizon import Hold, downstream_holds, readers
+from onceflow.maintain._options import ORPHAN_AGE, TARGET_FILE_BYTES, Options
+from onceflow.maintain._report import MaintainResult, TableMaintained
+from onceflow.maintain._run import maintain_job
+
+__all__ = [
+    "ORPHAN_AGE",
+    "TARGET_FILE_BYTES",
+    "Hold",
+    "MaintainResult",
+    "Options",
+    "TableMaintained",
+    "downstream_holds",
+    "maintain_job",
+    "readers",
+]
