@@ -80,10 +80,12 @@ class Outcome:
 
 
 def parse_result(stdout: str) -> dict[str, Any] | None:
-    """The command's JSON object: its last stdout line that parses as one."""
-    for line in reversed(stdout.strip().splitlines()):
+    """The command's JSON object: stdout is that object (indented over lines, or on one)."""
+    lines = stdout.strip().splitlines()
+    # From the last line that opens an object at its start, so stray lines before it pass.
+    for start in reversed([i for i, line in enumerate(lines) if line.startswith("{")]):
         try:
-            value = json.loads(line)
+            value = json.loads("\n".join(lines[start:]))
         except ValueError:
             continue
         if isinstance(value, dict):

@@ -20,7 +20,7 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -89,6 +89,7 @@ def build_job_dags(
     retry_delay: timedelta = timedelta(seconds=5),
     poll_interval: float = 30.0,
     env: Mapping[str, str] | None = None,
+    run_arguments: Sequence[str] = (),
 ) -> dict[str, DAG]:
     """The DAGs `<job>`, `<job>_reconcile` and `<job>_restate`, by DAG id; put them in a DAG
     file's globals: `globals().update(build_job_dags("orders"))`.
@@ -99,7 +100,8 @@ def build_job_dags(
         reconcile_schedule: When `<job>_reconcile` runs (None: manual).
         retries: Retries of a retryable failure (exit 75) of run, recover and restate.
         poll_interval: Seconds between the new-input sensor's looks.
-        env: Extra environment for the commands.
+        env: Extra environment for the commands (templated).
+        run_arguments: Extra arguments of `onceflow run` (`--max-files-per-window N`).
     """
     jobs = job_catalog() if jobs is None else jobs
     if job not in jobs:
@@ -124,7 +126,7 @@ def build_job_dags(
         tags=tags,
         doc_md=f"onceflow job `{job}`: new input → run → validate (recover if run failed).",
     ) as main:
-        run = OnceflowRunOperator(task_id="run", **common, **retry)
+        run = OnceflowRunOperator(task_id="run", arguments=list(run_arguments), **common, **retry)
         validate = OnceflowValidateOperator(
             task_id="validate", outlets=sink_assets(info), extra_from="run", **common
         )

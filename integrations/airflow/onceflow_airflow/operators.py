@@ -1,8 +1,8 @@
 """Operators running `onceflow run|recover|restate|validate|reconcile JOB --json`.
 
 The request's identity is Airflow's run id (`--run-id {{ run_id }}`), so a task's retry is the
-same request and commits or restates nothing twice. Exit 75 (retryable) raises a plain
-exception, so the task's `retries` apply; any other failure raises `AirflowFailException`
+same request and commits or restates nothing twice. Exit 75 (retryable), or a command killed
+by a signal, raises a plain exception, so the task's `retries` apply; any other failure raises `AirflowFailException`
 (no retry: running again fails the same way; `recover` repairs). The JSON result is the task's
 XCom and the `extra` of the events of the task's outlet Assets.
 """
@@ -42,7 +42,7 @@ class OnceflowOperator(BaseOperator):
     command: ClassVar[str] = ""
     # Commands taking `--run-id` (validate and reconcile name no request).
     takes_run_id: ClassVar[bool] = True
-    template_fields: Sequence[str] = ("job", "request_id", "arguments")
+    template_fields: Sequence[str] = ("job", "request_id", "arguments", "env")
     ui_color = "#e8f0fe"
 
     def __init__(
@@ -83,7 +83,9 @@ class OnceflowOperator(BaseOperator):
     def failure(self, outcome: Outcome) -> Exception:
         """The exception for a failed command: retryable (75) or final."""
         what = f"onceflow {self.command} {self.job} exited {outcome.returncode}: {outcome.message}"
-        if outcome.returncode == EXIT_RETRYABLE:
+        # Killed by a signal (a lost worker, the OOM killer): the outcome is unknown, and the
+        # same run id makes running it again safe.
+        if outcome.returncode == EXIT_RETRYABLE or outcome.returncode < 0:
             return OnceflowRetryableError(what)
         return AirflowFailException(what)
 
