@@ -54,10 +54,11 @@ def airflow_db() -> Path:
 
 
 @pytest.fixture()
-def onceflow_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+def onceflow_env(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     """A fresh onceflow installation on embedded defaults, in this process's environment (the
     DAG factory and the commands read it)."""
-    home = tmp_path / "onceflow"
+    # Short: the embedded PostgreSQL's Unix socket lives under it (at most 107 characters).
+    home = Path(tempfile.mkdtemp(prefix="of-"))
     env = {
         "ONCEFLOW_HOME": str(home),
         "ONCEFLOW_LAKE": str(home / "lake"),
