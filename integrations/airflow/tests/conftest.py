@@ -29,6 +29,8 @@ os.environ.update(
     AIRFLOW__CORE__DAGS_FOLDER=str(REPO / "integrations" / "airflow" / "dags"),
     AIRFLOW__CORE__LOAD_EXAMPLES="False",
     AIRFLOW__CORE__PARALLELISM="2",
+    # Asset events queue runs of unpaused DAGs only (daily_totals after payments).
+    AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION="False",
     GX_ANALYTICS_ENABLED="false",
 )
 # The project's code first, as `make` and the main suite run it (the venv is an editable
