@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +58,7 @@ def airflow_db() -> Path:
 
 
 @pytest.fixture()
-def onceflow_env(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+def onceflow_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
     """A fresh onceflow installation on embedded defaults, in this process's environment (the
     DAG factory and the commands read it)."""
     # Short: the embedded PostgreSQL's Unix socket lives under it (at most 107 characters).
@@ -71,7 +73,8 @@ def onceflow_env(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
         monkeypatch.delenv(key)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    return env
+    yield env
+    shutil.rmtree(home, ignore_errors=True)
 
 
 def project(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
