@@ -7,7 +7,7 @@ export GX_ANALYTICS_ENABLED := false
 export DAGSTER_DISABLE_TELEMETRY := 1
 export PYSPARK_PYTHON := $(CURDIR)/$(BIN)/python
 
-.PHONY: setup demo test test-all lint bench dev
+.PHONY: setup demo test test-all lint bench dev airflow-setup airflow test-airflow
 
 setup:
 	@bash scripts/bootstrap.sh
@@ -29,6 +29,7 @@ PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loa
 # the S3 lake's fault matrices; CI runs this (.ci/run).
 test: setup lint
 	$(PYTEST) -m "not browser and not exhaustive"
+	$(MAKE) test-airflow
 
 # The whole suite, the browser test included (setup installs Chromium). Screenshots of the UI
 # test: tests/artifacts/ui/.
@@ -41,3 +42,16 @@ bench: setup
 # dagster dev with a Spark Connect server beside it (scripts/dev.sh).
 dev: setup
 	bash scripts/dev.sh
+
+# Airflow 3 in its own venv (.venv-airflow, from integrations/airflow/requirements.lock) with the
+# onceflow provider; `make airflow` runs `airflow standalone` with the project's DAGs on
+# http://localhost:8080 (AIRFLOW_PORT; scripts/airflow.sh).
+airflow-setup: setup
+	@bash scripts/bootstrap.sh --airflow
+
+airflow: airflow-setup
+	bash scripts/airflow.sh
+
+# The provider's tests (integrations/airflow/tests), in the Airflow venv; `make test` runs them.
+test-airflow: airflow-setup
+	.venv-airflow/bin/python -m pytest -q -c integrations/airflow/pyproject.toml -m "not browser"

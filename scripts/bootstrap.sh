@@ -68,3 +68,37 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     "$venv/bin/python" -m pip install -q -e "$root[dev]"
     echo "$want" > "$stamp"
 fi
+
+# On request (`bootstrap.sh --airflow`, or ONCEFLOW_AIRFLOW=1; `make airflow` and `make test`
+# ask): `.venv-airflow`, Airflow 3 and the onceflow provider (integrations/airflow, editable) in
+# an environment of their own, from the pinned lock (Airflow's constraint files are not
+# reachable from here). Airflow's providers need Python 3.11+.
+if [ "${1:-}" = "--airflow" ] || [ "${ONCEFLOW_AIRFLOW:-}" = 1 ]; then
+    af_venv="$root/.venv-airflow"
+    af_dir="$root/integrations/airflow"
+    af_python=${AIRFLOW_PYTHON:-}
+    if [ -z "$af_python" ]; then
+        for candidate in python3.11 python3.12 python3.13 "$python"; do
+            if command -v "$candidate" >/dev/null 2>&1 &&
+                "$candidate" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+                af_python=$candidate
+                break
+            fi
+        done
+    fi
+    if [ -z "$af_python" ]; then
+        echo "bootstrap: Airflow needs Python 3.11+; none found; set AIRFLOW_PYTHON to one" >&2
+        exit 1
+    fi
+    af_stamp="$af_venv/.onceflow-installed"
+    af_want=$(cat "$af_dir/requirements.lock" "$af_dir/pyproject.toml" | sha256sum | cut -d' ' -f1)
+    if [ ! -x "$af_venv/bin/python" ]; then
+        "$af_python" -m venv "$af_venv"
+    fi
+    if [ ! -f "$af_stamp" ] || [ "$(cat "$af_stamp")" != "$af_want" ]; then
+        "$af_venv/bin/python" -m pip install -q --upgrade pip
+        "$af_venv/bin/python" -m pip install -q -r "$af_dir/requirements.lock"
+        "$af_venv/bin/python" -m pip install -q --no-deps -e "$af_dir"
+        echo "$af_want" > "$af_stamp"
+    fi
+fi
