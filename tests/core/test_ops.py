@@ -23,6 +23,7 @@ from onceflow.errors import (
 from onceflow.generate import generate_payments
 from onceflow.jobs.payments import PAYMENTS
 from onceflow.settings import Settings
+from tests.core.test_structure import PRESENTER_IMPORTS, _core_imports
 from tests.support.cli import REPO, CliRun, cli_env
 from tests.support.oracle import expected_outputs
 from tests.support.outputs import actual_outputs, assert_exact
@@ -30,6 +31,7 @@ from tests.support.outputs import actual_outputs, assert_exact
 # What only `onceflow.ops` calls: the engine's operations and the functions behind them.
 _ENGINE_OPERATIONS = {"run", "backfill", "recover", "skip", "restate", "replay_lacking"}
 _OPERATION_FUNCTIONS = {"restate_windows", "validate_job", "job_status", "reconcile"}
+_CLI = REPO / "platform" / "onceflow" / "cli"
 
 
 def _settings(tmp_path: Path, dsn: str, lake: Path, landing: Path) -> Settings:
@@ -137,7 +139,7 @@ def test_exit_codes_tell_retryable_from_recoverable_from_terminal() -> None:
 def test_the_cli_and_the_dagster_layer_only_present_ops() -> None:
     """Neither the CLI nor the Dagster layer runs an operation itself: a second orchestrator
     gets the same behaviour from `onceflow.ops` without copying either."""
-    files = [REPO / "platform" / "onceflow" / "cli.py", *sorted((REPO / "assets").glob("*.py"))]
+    files = [*sorted(_CLI.glob("*.py")), *sorted((REPO / "assets").glob("*.py"))]
     found = []
     for path in files:
         for node in ast.walk(ast.parse(path.read_text())):
@@ -153,3 +155,18 @@ def test_the_cli_and_the_dagster_layer_only_present_ops() -> None:
             if on_engine or (isinstance(func, ast.Name) and func.id in _OPERATION_FUNCTIONS):
                 found.append(f"{path.relative_to(REPO)}:{node.lineno}")
     assert found == [], f"operations run outside onceflow.ops: {found}"
+
+
+def test_the_cli_package_imports_only_onceflow_ops_and_its_own_modules() -> None:
+    """Each of the CLI's modules reaches the core through `onceflow` and `onceflow.ops` only;
+    its own modules (`onceflow.cli.*`) are the presenter's, not the core's."""
+    found: list[str] = []
+    seen = 0
+    for path in sorted(_CLI.glob("*.py")):
+        module = "onceflow.cli" + ("" if path.stem == "__init__" else f".{path.stem}")
+        for line, name in _core_imports(ast.parse(path.read_text()), module):
+            seen += 1
+            if name not in PRESENTER_IMPORTS and not name.startswith("onceflow.cli"):
+                found.append(f"cli/{path.name}:{line} imports {name}")
+    assert seen > 10  # the walk found the package's imports
+    assert found == [], "import the name from `onceflow` or `onceflow.ops` instead: " + str(found)

@@ -1,5 +1,6 @@
-"""LandingSource on real Spark: every line of every planned file once, at its position, whatever
-the files' names and sizes and however the read is split."""
+"""LandingSource: every line of every planned file once, at its position, whatever the files'
+names and sizes and however the read is split: the two line splitters (a file read whole, a file
+read line by line) called directly, and Spark's read split one way or another."""
 
 from __future__ import annotations
 
@@ -96,9 +97,31 @@ def test_a_window_read_by_several_tasks_gives_the_same_lines_not_in_order(
     assert not SOURCE.reads_in_order(settings, offsets)
 
 
-def test_a_planned_file_gone_before_the_read_is_a_source_error(spark, settings: Settings) -> None:
+def test_a_planned_file_gone_before_the_read_is_a_source_error(settings: Settings) -> None:
     put_files(settings)
     offsets = SOURCE.offsets(settings, SOURCE.discover(settings, None))
     (settings.landing.path / SOURCE.folder / NAMES[2]).unlink()
     with pytest.raises(SourceError, match="missing"):
-        SOURCE.read(spark, settings, offsets)
+        SOURCE.read(None, settings, offsets)  # type: ignore[arg-type]  # checked before Spark
+
+
+@pytest.mark.parametrize("splitter", ["whole", "line by line"])
+def test_each_splitter_gives_every_line_once_at_its_position(
+    settings: Settings, splitter: str
+) -> None:
+    """What a task yields for its files, by the reader it uses (no Spark)."""
+    lines = put_files(settings)
+    files = SOURCE.units(SOURCE.offsets(settings, SOURCE.discover(settings, None)))
+    if splitter == "whole":
+        rows = [
+            (r["_file_idx"], r["_source_file"], r["_source_line"], r["_raw"])
+            for batch in landing_module._split(settings.landing, files)
+            for r in batch.to_pylist()
+        ]
+    else:
+        rows = [
+            row
+            for idx, rel in enumerate(files)
+            for row in landing_module._iter_lines(settings.landing.uri, idx, rel)
+        ]
+    assert rows == expected_rows(lines)

@@ -1,4 +1,6 @@
-"""ParquetSource: typed Parquet landing files on real Spark, with every rule of the contract."""
+"""ParquetSource: typed Parquet landing files, with every rule of the contract checked as a truth
+table on the plain reader (`iter_parquet_file`, called as a Spark task calls it, through
+`tests.support.typed_read`), and one test showing that the Spark path gives the same rows."""
 
 from __future__ import annotations
 
@@ -17,8 +19,10 @@ import pytest
 
 from onceflow.errors import ConfigurationError, SourceError
 from onceflow.settings import Settings
-from onceflow.sources._typed import normalise_schema
+from onceflow.sources._typed import arrow_schema, normalise_schema
 from onceflow.sources.parquet import ParquetSource, iter_parquet_file
+from tests.support.typed_read import read_plain as read
+from tests.support.typed_read import read_spark
 
 UTC = timezone.utc
 
@@ -40,20 +44,6 @@ def put_bytes(settings: Settings, rel: str, content: bytes) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(content)
     return path
-
-
-def read(spark, settings: Settings, source: ParquetSource) -> list[dict[str, Any]]:
-    """Every row of the source's current files as collected (file order, then row order);
-    timestamps as UTC strings."""
-    offsets = source.offsets(settings, source.discover(settings, None))
-    frame = source.read(spark, settings, offsets)
-    columns = [
-        f"CAST(`{f.name}` AS STRING) AS `{f.name}`"
-        if f.dataType.typeName() == "timestamp"
-        else f"`{f.name}`"
-        for f in frame.schema.fields
-    ]
-    return [row.asDict() for row in frame.selectExpr(*columns).collect()]
 
 
 def by_line(rows: list[dict[str, Any]], *columns: str) -> dict[int, tuple[Any, ...]]:
@@ -98,7 +88,10 @@ def test_bad_schema_is_a_configuration_error(schema: dict[str, Any], message: st
 # --- the frame ----------------------------------------------------------------------------
 
 
-def test_columns_by_name_with_types_and_row_numbers(spark, settings: Settings) -> None:
+def test_the_spark_path_gives_the_plain_readers_rows(spark, settings: Settings) -> None:
+    """The one Spark read of this file: columns taken by name with their types and row numbers,
+    the same rows as the plain reader's over a second file with an invalid row and one missing a
+    column, and an empty window (Spark still runs one task for it, which must yield nothing)."""
     table = pa.table(
         {
             "extra": ["x", "y"],
@@ -143,7 +136,23 @@ def test_columns_by_name_with_types_and_row_numbers(spark, settings: Settings) -
         ("_reason", "string"),
         ("_raw_text", "string"),
     ]
-    assert read(spark, settings, source) == [
+    put(
+        settings,
+        "p/b.parquet",
+        table.set_column(3, "small", pa.array([2**40, 3], pa.int64())).drop_columns(["extra"]),
+    )
+    put(settings, "p/c.parquet", table.drop_columns(["ok"]))
+    spark_rows = read_spark(spark, settings, source)
+    assert spark_rows == read(settings, source)
+    assert [(r["_source_file"], r["_source_line"], r["_reason"]) for r in spark_rows[2:]] == [
+        ("p/b.parquet", 1, "small: does not fit int without loss or overflow"),
+        ("p/b.parquet", 2, None),
+        ("p/c.parquet", 1, "missing column ok"),
+        ("p/c.parquet", 2, "missing column ok"),
+    ]
+    empty = source.read(spark, settings, source.offsets(settings, []))
+    assert empty.columns == [f.name for f in frame.schema.fields] and empty.count() == 0
+    assert spark_rows[:2] == [
         {
             "_file_idx": 0,
             "_source_file": "p/a.parquet",
@@ -177,14 +186,14 @@ def test_columns_by_name_with_types_and_row_numbers(spark, settings: Settings) -
     ]
 
 
-def test_files_in_name_order_and_ignored_names(spark, settings: Settings) -> None:
+def test_files_in_name_order_and_ignored_names(settings: Settings) -> None:
     for name in ("b", "a", "c"):
         put(settings, f"p/{name}.parquet", pa.table({"id": [f"{name}1", f"{name}2"]}))
     for ignored in (".hidden.parquet", "_SUCCESS.parquet", "x.parquet.tmp", "a.csv"):
         put(settings, f"p/{ignored}", pa.table({"id": ["ignored"]}))
     source = ParquetSource("p", {"id": "string"})
     assert source.discover(settings, None) == ["p/a.parquet", "p/b.parquet", "p/c.parquet"]
-    rows = read(spark, settings, source)
+    rows = read(settings, source)
     assert [(r["_file_idx"], r["_source_file"], r["_source_line"], r["id"]) for r in rows] == [
         (0, "p/a.parquet", 1, "a1"),
         (0, "p/a.parquet", 2, "a2"),
@@ -195,7 +204,7 @@ def test_files_in_name_order_and_ignored_names(spark, settings: Settings) -> Non
     ]
 
 
-def test_row_numbers_run_across_row_groups_and_batches(spark, settings: Settings) -> None:
+def test_row_numbers_run_across_row_groups_and_batches(settings: Settings) -> None:
     n = 150_000  # more than one Arrow batch (65,536 rows) and several row groups
     values = [i if i % 50_000 else 2**40 for i in range(1, n + 1)]
     put(
@@ -205,30 +214,33 @@ def test_row_numbers_run_across_row_groups_and_batches(spark, settings: Settings
         row_group_size=40_000,
     )
     source = ParquetSource("p", {"v": "int"})
-    frame = source.read(spark, settings, source.offsets(settings, source.discover(settings, None)))
-    stats = frame.selectExpr(
-        "count(*) AS n", "count(_reason) AS bad", "sum(v) AS total", "max(_source_line) AS last"
-    ).first()
-    assert stats.asDict() == {
+    rows = read(settings, source)
+    assert {
+        "n": len(rows),
+        "bad": sum(r["_reason"] is not None for r in rows),
+        "total": sum(r["v"] for r in rows if r["v"] is not None),
+        "last": max(r["_source_line"] for r in rows),
+    } == {
         "n": n,
         "bad": 3,
         "total": sum(range(1, n + 1)) - 50_000 - 100_000 - 150_000,
         "last": n,
     }
-    bad = frame.where("_reason IS NOT NULL").select("_source_line", "_raw_text").collect()
-    assert sorted(tuple(r) for r in bad) == [
+    bad = [(r["_source_line"], r["_raw_text"]) for r in rows if r["_reason"] is not None]
+    assert sorted(bad) == [
         (50_000, '{"v":1099511627776}'),
         (100_000, '{"v":1099511627776}'),
         (150_000, '{"v":1099511627776}'),
     ]
 
 
-def test_empty_file_and_empty_window(spark, settings: Settings) -> None:
+def test_empty_file_and_empty_window(settings: Settings) -> None:
     put(settings, "p/a.parquet", pa.table({"id": pa.array([], pa.int64())}))
     source = ParquetSource("p", {"id": "bigint"})
-    assert read(spark, settings, source) == []
-    frame = source.read(spark, settings, source.offsets(settings, []))
-    assert frame.columns == [
+    assert read(settings, source) == []
+    # The frame's columns of an empty window: test_the_spark_path_gives_the_plain_readers_rows.
+    assert read(settings, source, source.offsets(settings, [])) == []
+    assert arrow_schema(source.schema).names == [
         "_file_idx",
         "_source_file",
         "_source_line",
@@ -236,13 +248,12 @@ def test_empty_file_and_empty_window(spark, settings: Settings) -> None:
         "_reason",
         "_raw_text",
     ]
-    assert frame.count() == 0
 
 
 # --- casts ----------------------------------------------------------------------------------
 
 
-def test_integer_overflow_and_lossy_floats_make_rows_invalid(spark, settings: Settings) -> None:
+def test_integer_overflow_and_lossy_floats_make_rows_invalid(settings: Settings) -> None:
     table = pa.table(
         {
             "i": pa.array([1, 2**31, None, -(2**31) - 1, 5], pa.int64()),
@@ -251,7 +262,7 @@ def test_integer_overflow_and_lossy_floats_make_rows_invalid(spark, settings: Se
         }
     )
     put(settings, "p/a.parquet", table)
-    rows = read(spark, settings, ParquetSource("p", {"i": "int", "b": "bigint", "u": "bigint"}))
+    rows = read(settings, ParquetSource("p", {"i": "int", "b": "bigint", "u": "bigint"}))
     assert by_line(rows, "i", "b", "u", "_reason", "_raw_text") == {
         1: (1, 1, 0, None, None),
         2: (
@@ -286,7 +297,7 @@ def test_integer_overflow_and_lossy_floats_make_rows_invalid(spark, settings: Se
     }
 
 
-def test_decimal_scale_and_precision(spark, settings: Settings) -> None:
+def test_decimal_scale_and_precision(settings: Settings) -> None:
     table = pa.table(
         {
             "d": pa.array(
@@ -297,7 +308,7 @@ def test_decimal_scale_and_precision(spark, settings: Settings) -> None:
         }
     )
     put(settings, "p/a.parquet", table)
-    rows = read(spark, settings, ParquetSource("p", {"d": "decimal(5,2)", "n": "decimal(5,2)"}))
+    rows = read(settings, ParquetSource("p", {"d": "decimal(5,2)", "n": "decimal(5,2)"}))
     assert by_line(rows, "d", "n", "_reason", "_raw_text") == {
         1: (Decimal("1.23"), Decimal("123.00"), None, None),
         2: (
@@ -317,9 +328,8 @@ def test_decimal_scale_and_precision(spark, settings: Settings) -> None:
     }
 
 
-def test_integer_into_decimal_with_a_large_scale(spark, settings: Settings) -> None:
+def test_integer_into_decimal_with_a_large_scale(settings: Settings) -> None:
     rows = read(
-        spark,
         settings,
         one_column(settings, pa.array([7, 10**19 - 1], pa.uint64()), "decimal(38,20)"),
     )
@@ -329,7 +339,7 @@ def test_integer_into_decimal_with_a_large_scale(spark, settings: Settings) -> N
     }
 
 
-def test_doubles_refuse_nan_infinity_and_lossy_sources(spark, settings: Settings) -> None:
+def test_doubles_refuse_nan_infinity_and_lossy_sources(settings: Settings) -> None:
     table = pa.table(
         {
             "f": pa.array([0.5, float("nan"), float("inf"), 1.0, 2.0], pa.float64()),
@@ -347,7 +357,7 @@ def test_doubles_refuse_nan_infinity_and_lossy_sources(spark, settings: Settings
         }
     )
     put(settings, "p/a.parquet", table)
-    rows = read(spark, settings, ParquetSource("p", {"f": "double", "i": "double", "d": "double"}))
+    rows = read(settings, ParquetSource("p", {"f": "double", "i": "double", "d": "double"}))
     assert by_line(rows, "f", "i", "d", "_reason") == {
         1: (0.5, float(2**53), 0.1, None),
         2: (None, None, None, "f: NaN or infinity is not accepted"),
@@ -357,7 +367,7 @@ def test_doubles_refuse_nan_infinity_and_lossy_sources(spark, settings: Settings
     }
 
 
-def test_timestamps_naive_as_utc_zoned_converted_and_precision(spark, settings: Settings) -> None:
+def test_timestamps_naive_as_utc_zoned_converted_and_precision(settings: Settings) -> None:
     naive = pa.array([datetime(2024, 1, 1, 12), datetime(2024, 1, 1, 12)], pa.timestamp("ms"))
     zoned = pa.array(
         [datetime(2024, 1, 1, 12, tzinfo=timezone(timedelta(hours=2)))] * 2,
@@ -376,7 +386,7 @@ def test_timestamps_naive_as_utc_zoned_converted_and_precision(spark, settings: 
         version="2.6",
     )
     schema = dict.fromkeys(("naive", "zoned", "nanos", "seconds", "days"), "timestamp")
-    rows = read(spark, settings, ParquetSource("p", schema))
+    rows = read(settings, ParquetSource("p", schema))
     assert by_line(rows, "naive", "zoned", "nanos", "seconds", "days", "_reason") == {
         1: (
             "2024-01-01 12:00:00",
@@ -398,9 +408,9 @@ def test_timestamps_naive_as_utc_zoned_converted_and_precision(spark, settings: 
     }
 
 
-def test_dates_in_range(spark, settings: Settings) -> None:
+def test_dates_in_range(settings: Settings) -> None:
     days = pa.array([date(2024, 2, 29), None, 3_000_000], pa.date32())  # 3,000,000: year 10183
-    rows = read(spark, settings, one_column(settings, days, "date"))
+    rows = read(settings, one_column(settings, days, "date"))
     assert by_line(rows, "v", "_reason", "_raw_text") == {
         1: (date(2024, 2, 29), None, None),
         2: (None, None, None),
@@ -409,12 +419,12 @@ def test_dates_in_range(spark, settings: Settings) -> None:
     }
 
 
-def test_date_column_declared_timestamp_is_midnight_utc(spark, settings: Settings) -> None:
-    rows = read(spark, settings, one_column(settings, pa.array([date(2024, 3, 1)]), "timestamp"))
+def test_date_column_declared_timestamp_is_midnight_utc(settings: Settings) -> None:
+    rows = read(settings, one_column(settings, pa.array([date(2024, 3, 1)]), "timestamp"))
     assert by_line(rows, "v", "_reason") == {1: ("2024-03-01 00:00:00", None)}
 
 
-def test_string_columns_are_parsed_by_the_text_rules(spark, settings: Settings) -> None:
+def test_string_columns_are_parsed_by_the_text_rules(settings: Settings) -> None:
     table = pa.table(
         {
             "n": ["42", " 7 ", "4.2", "", None],
@@ -429,9 +439,7 @@ def test_string_columns_are_parsed_by_the_text_rules(spark, settings: Settings) 
         }
     )
     put(settings, "p/a.parquet", table)
-    rows = read(
-        spark, settings, ParquetSource("p", {"n": "bigint", "t": "timestamp", "ok": "boolean"})
-    )
+    rows = read(settings, ParquetSource("p", {"n": "bigint", "t": "timestamp", "ok": "boolean"}))
     assert by_line(rows, "n", "t", "ok", "_reason", "_raw_text") == {
         1: (42, "2023-12-31 23:00:00", True, None, None),
         2: (7, "2024-01-01 00:00:00", False, None, None),
@@ -454,7 +462,7 @@ def test_string_columns_are_parsed_by_the_text_rules(spark, settings: Settings) 
     }
 
 
-def test_strings_binary_nul_and_dictionary(spark, settings: Settings) -> None:
+def test_strings_binary_nul_and_dictionary(settings: Settings) -> None:
     table = pa.table(
         {
             "s": pa.array(["plain", "a\x00b", "été", "x"]).dictionary_encode(),
@@ -463,7 +471,7 @@ def test_strings_binary_nul_and_dictionary(spark, settings: Settings) -> None:
         }
     )
     put(settings, "p/a.parquet", table)
-    rows = read(spark, settings, ParquetSource("p", {"s": "string", "b": "string", "l": "string"}))
+    rows = read(settings, ParquetSource("p", {"s": "string", "b": "string", "l": "string"}))
     assert by_line(rows, "s", "b", "l", "_reason", "_raw_text") == {
         1: ("plain", "ok", "1", None, None),
         2: (
@@ -478,20 +486,20 @@ def test_strings_binary_nul_and_dictionary(spark, settings: Settings) -> None:
     }
 
 
-def test_all_null_column_reads_as_nulls(spark, settings: Settings) -> None:
+def test_all_null_column_reads_as_nulls(settings: Settings) -> None:
     table = pa.table({"id": [1, 2], "gone": pa.nulls(2)})
     put(settings, "p/a.parquet", table)
-    rows = read(spark, settings, ParquetSource("p", {"id": "bigint", "gone": "timestamp"}))
+    rows = read(settings, ParquetSource("p", {"id": "bigint", "gone": "timestamp"}))
     assert by_line(rows, "id", "gone", "_reason") == {1: (1, None, None), 2: (2, None, None)}
 
 
 # --- file-level problems --------------------------------------------------------------------
 
 
-def test_missing_column_makes_every_row_invalid(spark, settings: Settings) -> None:
+def test_missing_column_makes_every_row_invalid(settings: Settings) -> None:
     put(settings, "p/a.parquet", pa.table({"id": [1, 2], "amt": [3, 4]}))
     put(settings, "p/b.parquet", pa.table({"id": [5], "amount": [6]}))
-    rows = read(spark, settings, ParquetSource("p", {"id": "bigint", "amount": "bigint"}))
+    rows = read(settings, ParquetSource("p", {"id": "bigint", "amount": "bigint"}))
     assert [
         (r["_source_file"], r["_source_line"], r["id"], r["amount"], r["_reason"], r["_raw_text"])
         for r in rows
@@ -502,10 +510,10 @@ def test_missing_column_makes_every_row_invalid(spark, settings: Settings) -> No
     ]
 
 
-def test_several_missing_and_mismatched_columns(spark, settings: Settings) -> None:
+def test_several_missing_and_mismatched_columns(settings: Settings) -> None:
     put(settings, "p/a.parquet", pa.table({"flag": [True], "n": [1]}))
     schema = {"flag": "date", "n": "string", "x": "int", "y": "int"}
-    rows = read(spark, settings, ParquetSource("p", schema))
+    rows = read(settings, ParquetSource("p", schema))
     assert by_line(rows, "_reason", "_raw_text") == {
         1: (
             "missing columns x, y; column flag is bool, which cannot be read as date; "
@@ -525,14 +533,14 @@ def test_column_twice_in_a_file_makes_every_row_invalid(settings: Settings) -> N
     ]
 
 
-def test_unreadable_files_are_reported_as_one_row(spark, settings: Settings) -> None:
+def test_unreadable_files_are_reported_as_one_row(settings: Settings) -> None:
     put(settings, "p/a.parquet", pa.table({"id": [1]}))
     put_bytes(settings, "p/b.parquet", b"this is not parquet")
     put_bytes(settings, "p/c.parquet", b"")
     good = (settings.landing.path / "p/a.parquet").read_bytes()
     put_bytes(settings, "p/d.parquet", good[: len(good) // 2])  # truncated: no footer
     put(settings, "p/e.parquet", pa.table({"id": [2]}))
-    rows = read(spark, settings, ParquetSource("p", {"id": "bigint"}))
+    rows = read(settings, ParquetSource("p", {"id": "bigint"}))
     reason = "not a readable Parquet file: ArrowInvalid"
     assert [
         (
@@ -586,13 +594,13 @@ def test_damage_found_mid_file_keeps_the_rows_before_it(settings: Settings) -> N
     ]
 
 
-def test_missing_file_at_read_is_a_source_error(spark, settings: Settings) -> None:
+def test_missing_file_at_read_is_a_source_error(settings: Settings) -> None:
     put(settings, "p/a.parquet", pa.table({"id": [1]}))
     source = ParquetSource("p", {"id": "bigint"})
     offsets = source.offsets(settings, source.discover(settings, None))
     (settings.landing.path / "p/a.parquet").unlink()
     with pytest.raises(SourceError, match=re.escape("p/a.parquet: missing")):
-        source.read(spark, settings, offsets)
+        source.read(None, settings, offsets)  # type: ignore[arg-type]  # checked before Spark
 
 
 def test_file_gone_on_the_executor_fails_instead_of_quarantining(settings: Settings) -> None:
@@ -603,7 +611,7 @@ def test_file_gone_on_the_executor_fails_instead_of_quarantining(settings: Setti
         )
 
 
-def test_raw_text_is_compact_json_of_the_declared_columns(spark, settings: Settings) -> None:
+def test_raw_text_is_compact_json_of_the_declared_columns(settings: Settings) -> None:
     table = pa.table(
         {
             "at": pa.array([datetime(2024, 1, 1, 12, 0, 0, 1)], pa.timestamp("us")),
@@ -612,7 +620,7 @@ def test_raw_text_is_compact_json_of_the_declared_columns(spark, settings: Setti
         }
     )
     put(settings, "p/a.parquet", table)
-    rows = read(spark, settings, ParquetSource("p", {"n": "int", "at": "timestamp"}))
+    rows = read(settings, ParquetSource("p", {"n": "int", "at": "timestamp"}))
     assert rows[0]["_reason"] == "n: does not fit int without loss or overflow"
     assert json.loads(rows[0]["_raw_text"]) == {"n": 2**40, "at": "2024-01-01 12:00:00.000001"}
     assert rows[0]["_raw_text"] == '{"n":1099511627776,"at":"2024-01-01 12:00:00.000001"}'

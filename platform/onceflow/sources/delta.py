@@ -39,244 +39,64 @@ keeps its own `_source_file`, `_source_line`) is renamed with an `_upstream` pre
 
 from __future__ import annotations
 
-import hashlib
 import json
-import re
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote, urlparse
-
-import pyarrow as pa
-import pyarrow.fs as pafs
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from onceflow.errors import SourceError
+from onceflow.sources._delta_changes import (
+    EXTRA_COLUMNS,
+    UPSTREAM_PREFIX,
+    _DeltaChangesDataSource,
+    _frame_schema,
+)
+from onceflow.sources._delta_log import (
+    COMMITS,
+    RESTATE_FIX,
+    TABLE_ID,
+    _actions,
+    _check_files_exist,
+    _commit_mtime,
+    _DataFile,
+    _feature_problems,
+    _filesystem,
+    _hive_partition_values,
+    _id_problems,
+    _is_uri,
+    _latest_version,
+    _parse_unit,
+    _Plan,
+    _read_commit,
+    _read_entry,
+    _renumbered,
+    _schema_before,
+    _snapshot,
+    _table_id,
+    _token_problems,
+    commit_token,
+    version_unit,
+)
 from onceflow.sources.base import Observation, Source
-from onceflow.storage import Location
 
 if TYPE_CHECKING:
-    from deltalake import DeltaTable
     from pyspark.sql import DataFrame, SparkSession
-    from pyspark.sql.types import StructType
 
     from onceflow.settings import Settings
 
-#: Columns the source adds after the table's own, in this order.
-EXTRA_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("_change", "INT"),
-    ("_commit_version", "BIGINT"),
-    ("_file_idx", "INT"),
-    ("_source_file", "STRING"),
-    ("_source_line", "BIGINT"),
-    ("_reason", "STRING"),
-    ("_raw_text", "STRING"),
-)
-#: Prefix given to a table column whose name is one of EXTRA_COLUMNS.
-UPSTREAM_PREFIX = "_upstream"
-
-_VERSION_DIGITS = 20
-_COMMIT_RE = re.compile(r"^(\d{20})\.json$")
-_CHECKPOINT_RE = re.compile(r"^(\d{20})\.checkpoint(\.\d+\.\d+)?(\.[^.]+)?\.parquet$")
-# `_change_type` values of change data files, by the sign they give a row.
-_CDC_PLUS = ("insert", "update_postimage")
-_CDC_MINUS = ("delete", "update_preimage")
-# Reader features whose data this source reads correctly: they change nothing about the rows in
-# the data files (or only how the log is stored, which delta-rs reads for us). Any other reader
-# feature is refused rather than misread.
-_HANDLED_READER_FEATURES = frozenset(
-    {"timestampNtz", "vacuumProtocolCheck", "v2Checkpoint", "typeWidening", "typeWidening-preview"}
-)
-_MAX_READER_VERSION = 3
-_BATCH_ROWS = 10_000
-# Hex digits of a commit token: 64 bits tell two different log entries apart.
-_TOKEN_CHARS = 16
-# What a window's offsets record about the table, besides its version range (windows planned
-# before these existed have neither and are checked by version only).
-TABLE_ID = "table_id"
-COMMITS = "commits"
-RESTATE_FIX = (
-    "to follow the table as it is now, restate the job's windows from it: `onceflow restate "
-    "<job> --source-replaced` reads again every window whose versions changed and replaces its "
-    "effect in every sink; then run the job again"
-)
-
-
-def version_unit(version: int) -> str:
-    """The unit name of a table version (zero-padded, so string order is version order).
-
-    Args:
-        version: A Delta table version (>= 0).
-    """
-    return f"{version:0{_VERSION_DIGITS}d}"
-
-
-# -- locations ------------------------------------------------------------------------------------
-
-
-def _is_uri(path: str) -> bool:
-    # A one-letter scheme is a Windows drive, not a URI.
-    return len(urlparse(path).scheme) > 1
-
-
-def _filesystem(root: str) -> tuple[pafs.FileSystem, str]:
-    """The filesystem holding `root` and the path of `root` on it.
-
-    An `s3://` root is reached with the S3 settings of the process's environment (`AWS_*`, see
-    `onceflow.storage`); on executors that is their own environment, as for any S3 client.
-    """
-    if _is_uri(root):
-        if urlparse(root).scheme in ("s3", "s3a"):
-            location = Location.parse(root)
-            return location.filesystem(), location.fs_path
-        return pafs.FileSystem.from_uri(root)
-    return pafs.LocalFileSystem(), root
-
-
-def _data_file_location(
-    fs: pafs.FileSystem, base: str, log_path: str
-) -> tuple[pafs.FileSystem, str]:
-    """Where a data file named `log_path` in the log lives (relative paths are URI-encoded)."""
-    if _is_uri(log_path):
-        return _filesystem(log_path)
-    return fs, f"{base.rstrip('/')}/{unquote(log_path)}"
-
-
-def _source_name(version: int, log_path: str) -> str:
-    return f"v{version}/{log_path if _is_uri(log_path) else unquote(log_path)}"
-
-
-# -- the log --------------------------------------------------------------------------------------
-
-
-def _latest_version(fs: pafs.FileSystem, base: str) -> int | None:
-    """The newest version in `_delta_log` (None when there is no table), by listing only."""
-    selector = pafs.FileSelector(f"{base.rstrip('/')}/_delta_log", allow_not_found=True)
-    latest: int | None = None
-    for info in fs.get_file_info(selector):
-        match = _COMMIT_RE.match(info.base_name) or _CHECKPOINT_RE.match(info.base_name)
-        if match:
-            version = int(match.group(1))
-            latest = version if latest is None else max(latest, version)
-    return latest
-
-
-def _read_entry(fs: pafs.FileSystem, base: str, version: int) -> bytes | None:
-    """The bytes of one commit file (None when the file is gone)."""
-    path = f"{base.rstrip('/')}/_delta_log/{version_unit(version)}.json"
-    try:
-        with fs.open_input_stream(path) as stream:
-            return bytes(stream.read())
-    except FileNotFoundError:
-        return None
-
-
-def _actions(data: bytes) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in data.decode("utf-8").splitlines() if line.strip()]
-
-
-def _read_commit(fs: pafs.FileSystem, base: str, version: int) -> list[dict[str, Any]] | None:
-    """The actions of one commit file, in file order (None when the file is gone)."""
-    data = _read_entry(fs, base, version)
-    return None if data is None else _actions(data)
-
-
-def commit_token(data: bytes) -> str:
-    """What identifies one commit: a digest of its log entry. A log entry is written once and
-    never changed, so the same version of the same table always has the same token, and a
-    version of a recreated table or of a restored older copy that was extended has another."""
-    return hashlib.sha256(data).hexdigest()[:_TOKEN_CHARS]
-
-
-def _commit_mtime(fs: pafs.FileSystem, base: str, version: int) -> float | None:
-    info = fs.get_file_info(f"{base.rstrip('/')}/_delta_log/{version_unit(version)}.json")
-    if info.type == pafs.FileType.NotFound or info.mtime is None:
-        return None
-    return info.mtime.timestamp()
-
-
-@dataclass(frozen=True)
-class _DataFile:
-    """One data file a window reads: its version, its log path and what its rows mean."""
-
-    version: int
-    path: str
-    # +1 for an added file, -1 for a removed one, 0 for a change data file (sign per row).
-    change: int
-    partition_values: dict[str, str | None]
-    size: int | None = None
-
-    def to_json(self) -> list[Any]:
-        return [self.version, self.path, self.change, self.partition_values]
-
-
-@dataclass
-class _Plan:
-    """What the driver learnt from a window's commits."""
-
-    problems: dict[str, None] = field(default_factory=dict)  # ordered set
-    files: list[_DataFile] = field(default_factory=list)
-    snapshot: DeltaTable | None = None
-
-    def problem(self, text: str) -> None:
-        self.problems[text] = None
-
-
-def _hive_partition_values(path: str, columns: Sequence[str]) -> dict[str, str | None] | None:
-    """Partition values from a Hive-style path (`k=v/…`), or None if one is missing."""
-    found: dict[str, str | None] = {}
-    for segment in unquote(path).split("/")[:-1]:
-        key, sep, value = segment.partition("=")
-        if sep:
-            value = unquote(value)
-            found[unquote(key)] = None if value == "__HIVE_DEFAULT_PARTITION__" else value
-    if any(column not in found for column in columns):
-        return None
-    return {column: found[column] for column in columns}
-
-
-def _feature_problems(
-    version: int,
-    min_reader: int | None,
-    reader_features: Sequence[str] | None,
-    configuration: Mapping[str, Any] | None,
-) -> list[str]:
-    """Why a protocol/configuration cannot be read by this source (empty when it can)."""
-    problems = []
-    features = set(reader_features or ())
-    if "deletionVectors" in features:
-        problems.append(
-            f"version {version}: the table uses deletion vectors (reader feature "
-            "`deletionVectors`), which this source cannot apply; drop the feature upstream "
-            "(`ALTER TABLE … DROP FEATURE deletionVectors` purges them), or read a copy of the "
-            "table written without deletion vectors"
-        )
-    if "columnMapping" in features or (
-        str((configuration or {}).get("delta.columnMapping.mode", "none")).lower() != "none"
-    ):
-        problems.append(
-            f"version {version}: the table uses column mapping "
-            "(`delta.columnMapping.mode`), which this source cannot read; read a table "
-            "without column mapping (rewrite it with mode `none`)"
-        )
-    unknown = sorted(features - _HANDLED_READER_FEATURES - {"deletionVectors", "columnMapping"})
-    if unknown:
-        problems.append(
-            f"version {version}: the table needs reader features this source does not handle "
-            f"({', '.join(unknown)}); read a copy of the table without them"
-        )
-    elif min_reader is not None and min_reader > _MAX_READER_VERSION:
-        problems.append(
-            f"version {version}: the table needs Delta reader version {min_reader}, above the "
-            f"{_MAX_READER_VERSION} this source reads; read a copy written for an older protocol"
-        )
-    return problems
-
-
-# -- the source -----------------------------------------------------------------------------------
+__all__ = [
+    "COMMITS",
+    "EXTRA_COLUMNS",
+    "RESTATE_FIX",
+    "TABLE_ID",
+    "UPSTREAM_PREFIX",
+    "DeltaTableSource",
+    "commit_token",
+    "version_unit",
+]
 
 
 @dataclass(frozen=True)
@@ -547,7 +367,7 @@ class DeltaTableSource(Source):
             )
             plan.files.extend(self._data_files(plan, version, actions, partition_columns))
 
-        self._check_files_exist(plan, fs, base)
+        _check_files_exist(plan, fs, base)
         return plan
 
     def _check_log_actions(
@@ -649,25 +469,6 @@ class DeltaTableSource(Source):
                     _DataFile(version, entry["path"], sign, dict(values or {}), entry.get("size"))
                 )
         return files
-
-    def _check_files_exist(self, plan: _Plan, fs: pafs.FileSystem, base: str) -> None:
-        located = [_data_file_location(fs, base, f.path) for f in plan.files]
-        # One batched lookup per filesystem: an object store answers many paths per request.
-        by_fs: dict[int, tuple[pafs.FileSystem, list[int]]] = {}
-        for index, (file_fs, _) in enumerate(located):
-            by_fs.setdefault(id(file_fs), (file_fs, []))[1].append(index)
-        for file_fs, indexes in by_fs.values():
-            infos = file_fs.get_file_info([located[i][1] for i in indexes])
-            for index, info in zip(indexes, infos, strict=True):
-                if info.type == pafs.FileType.NotFound:
-                    data_file = plan.files[index]
-                    what = {1: "added", -1: "removed", 0: "change data"}[data_file.change]
-                    plan.problem(
-                        f"version {data_file.version}: {what} file {data_file.path} is gone "
-                        "(vacuumed), so its rows cannot be replayed; vacuum the upstream table "
-                        "with a retention longer than the downstream lag, and reconcile to "
-                        "report this window as unverifiable"
-                    )
 
     # -- reading ----------------------------------------------------------------------------------
 
@@ -775,215 +576,3 @@ class DeltaTableSource(Source):
         if any(f.size is None for f in files):
             return None
         return sum(f.size or 0 for f in files)
-
-
-def _parse_unit(table: str, unit: str) -> int:
-    if len(unit) != _VERSION_DIGITS or not unit.isdigit():
-        raise SourceError(
-            f"Delta table `{table}`: unit {unit!r} is not a table version (20 digits); plan "
-            "windows from the units `discover` returns."
-        )
-    return int(unit)
-
-
-def _table_id(root: str, version: int) -> str | None:
-    """The table's id (its metadata's `id`) at `version`, None if that cannot be loaded."""
-    try:
-        return str(_snapshot(root, version).metadata().id)
-    except Exception:  # delta-rs raises several types; the read reports what is wrong
-        return None
-
-
-def _renumbered(end: int, latest: int) -> str:
-    return (
-        f"version {end} is not in the table any more (its newest version is {latest}): the table "
-        "was recreated or restored from an older copy, and its versions renumbered"
-    )
-
-
-def _id_problems(version: int, recorded: str, now: str | None) -> list[str]:
-    if now is None or now == recorded:
-        return []
-    return [
-        f"version {version} is of another table than the one read (table id {now}, recorded "
-        f"{recorded}): the table was deleted and created again"
-    ]
-
-
-def _token_problems(version: int, recorded: str, now: str) -> list[str]:
-    if now == recorded:
-        return []
-    return [
-        f"version {version} is another commit than the one read (commit token {now}, recorded "
-        f"{recorded}): the table was recreated or restored from an older copy, and its versions "
-        "renumbered"
-    ]
-
-
-def _snapshot(root: str, version: int) -> DeltaTable:
-    from onceflow._delta_read import open_table
-
-    return open_table(root, version)
-
-
-def _schema_before(root: str, start: int) -> tuple[Any, list[str]] | None:
-    """The schema and partition columns of the snapshot just before `start` (None if gone)."""
-    if start <= 0:
-        return None
-    try:
-        snapshot = _snapshot(root, start - 1)
-    except Exception:  # a cleaned-up log: the caller reports it
-        return None
-    return snapshot.schema(), list(snapshot.metadata().partition_columns)
-
-
-def _frame_schema(snapshot: DeltaTable) -> tuple[StructType, list[list[Any]]]:
-    """The frame's Spark schema and, per table column, `[output name, table name, partition]`."""
-    from pyspark.sql.pandas.types import from_arrow_schema
-    from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
-
-    arrow = pa.schema(snapshot.schema().to_arrow())
-    partitions = set(snapshot.metadata().partition_columns)
-    table_schema = from_arrow_schema(arrow)
-    extras = {name for name, _ in EXTRA_COLUMNS}
-    taken = set(arrow.names) | extras
-    fields: list[StructField] = []
-    layout: list[list[Any]] = []
-    for spark_field in table_schema.fields:
-        name = spark_field.name
-        out = name
-        while out in extras or (out != name and out in taken):
-            out = UPSTREAM_PREFIX + out
-        taken.add(out)
-        # Nullable: a file written before a column existed has no values for it.
-        fields.append(StructField(out, spark_field.dataType, True, spark_field.metadata))
-        layout.append([out, name, name in partitions])
-    spark_types = {"INT": IntegerType(), "BIGINT": LongType(), "STRING": StringType()}
-    for name, ddl in EXTRA_COLUMNS:
-        fields.append(StructField(name, spark_types[ddl], True))
-    return StructType(fields), layout
-
-
-# -- executors ------------------------------------------------------------------------------------
-
-
-def _partition_array(value: str | None, target: pa.DataType, rows: int) -> pa.Array:
-    """A column of `rows` copies of a partition value, parsed from the log's string form."""
-    if value is None or (value == "" and not pa.types.is_string(target)):
-        return pa.nulls(rows, target)
-    text = pa.scalar(value, pa.string())
-    if pa.types.is_timestamp(target) and target.tz is not None:
-        try:
-            scalar = text.cast(target)
-        except pa.ArrowInvalid:
-            # Delta writes UTC timestamps without an offset (`2024-01-02 03:04:05`).
-            scalar = text.cast(pa.timestamp(target.unit)).cast(target)
-    else:
-        scalar = text.cast(target)
-    return pa.repeat(scalar, rows)
-
-
-def _signs(change_types: pa.Array, path: str) -> pa.Array:
-    """+1/-1 per row of a change data file, from its `_change_type` column."""
-    import pyarrow.compute as pc
-
-    plus = pc.is_in(change_types, value_set=pa.array(_CDC_PLUS, pa.string()))
-    minus = pc.is_in(change_types, value_set=pa.array(_CDC_MINUS, pa.string()))
-    if not pc.all(pc.or_(plus, minus)).as_py():
-        unknown = pc.unique(pc.filter(change_types, pc.invert(pc.or_(plus, minus))))
-        raise SourceError(
-            f"change data file {path} holds `_change_type` values {unknown.to_pylist()}, which "
-            "are not Delta change types; repair the upstream table's change data"
-        )
-    return pc.if_else(plus, pa.scalar(1, pa.int32()), pa.scalar(-1, pa.int32()))
-
-
-def _read_data_file(
-    root: str,
-    file_idx: int,
-    entry: list[Any],
-    layout: list[list[Any]],
-    target: pa.Schema,
-) -> Iterator[pa.RecordBatch]:
-    """Arrow batches of one data file in the frame's schema, with its signs and positions."""
-    import pyarrow.parquet as pq
-
-    version, log_path, change, partition_values = entry
-    fs, base = _filesystem(root)
-    file_fs, location = _data_file_location(fs, base, log_path)
-    source = _source_name(version, log_path)
-    line = 1
-    with file_fs.open_input_file(location) as handle:
-        parquet = pq.ParquetFile(handle)
-        present = set(parquet.schema_arrow.names)
-        for batch in parquet.iter_batches(batch_size=_BATCH_ROWS):
-            rows = batch.num_rows
-            if rows == 0:
-                continue
-            arrays: list[pa.Array] = []
-            for (out, name, is_partition), target_field in zip(layout, target, strict=False):
-                assert target_field.name == out
-                if is_partition:
-                    arrays.append(
-                        _partition_array(partition_values.get(name), target_field.type, rows)
-                    )
-                elif name in present:
-                    arrays.append(batch.column(name).cast(target_field.type))
-                else:
-                    arrays.append(pa.nulls(rows, target_field.type))
-            if change == 0:
-                arrays.append(_signs(batch.column("_change_type").cast(pa.string()), log_path))
-            else:
-                arrays.append(pa.repeat(pa.scalar(change, pa.int32()), rows))
-            arrays.append(pa.repeat(pa.scalar(version, pa.int64()), rows))
-            arrays.append(pa.repeat(pa.scalar(file_idx, pa.int32()), rows))
-            arrays.append(pa.repeat(pa.scalar(source, pa.string()), rows))
-            arrays.append(pa.array(range(line, line + rows), pa.int64()))
-            arrays.append(pa.nulls(rows, pa.string()))
-            arrays.append(pa.nulls(rows, pa.string()))
-            line += rows
-            yield pa.RecordBatch.from_arrays(arrays, schema=target)
-
-
-class DeltaFilePartition(InputPartition):
-    """One data file of a window, read by one Spark task."""
-
-    def __init__(self, index: int, entry: list[Any]) -> None:
-        super().__init__(index)
-        self.index = index
-        self.entry = entry
-
-
-class _DeltaChangesReader(DataSourceReader):
-    def __init__(self, options: dict[str, str], schema: StructType) -> None:
-        self.root = options["root"]
-        self.layout: list[list[Any]] = json.loads(options["layout"])
-        self.files: list[list[Any]] = json.loads(options["files"])
-        self.schema = schema
-
-    def partitions(self) -> list[InputPartition]:
-        return [DeltaFilePartition(i, entry) for i, entry in enumerate(self.files)]
-
-    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        from pyspark.sql.pandas.types import to_arrow_schema
-
-        assert isinstance(partition, DeltaFilePartition)
-        # The exact Arrow schema pyspark checks batches against.
-        target = to_arrow_schema(self.schema, timezone="UTC")
-        yield from _read_data_file(self.root, partition.index, partition.entry, self.layout, target)
-
-
-class _DeltaChangesDataSource(DataSource):
-    """Spark data source `onceflow_delta_changes`: one partition per data file, signed rows."""
-
-    @classmethod
-    def name(cls) -> str:
-        return "onceflow_delta_changes"
-
-    def schema(self) -> StructType:
-        from pyspark.sql.types import StructType
-
-        return StructType.fromJson(json.loads(self.options["schema"]))
-
-    def reader(self, schema: StructType) -> DataSourceReader:
-        return _DeltaChangesReader(dict(self.options), schema)
