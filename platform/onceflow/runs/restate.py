@@ -9,7 +9,7 @@ from onceflow import faults
 from onceflow.ledger import Window
 from onceflow.window.compute import outputs
 from onceflow.window.context import JobContext
-from onceflow.window.results import WindowResult, versions
+from onceflow.window.results import WindowResult, commits
 
 
 def planned_restatements(ctx: JobContext) -> list[tuple[Window, int]]:
@@ -45,7 +45,7 @@ def restate(
         faults.point("restated", window.window_id)
         result.visible_s = time.monotonic() - t0
         ctx.ledger.record_stats(window.window_id, result.stats)
-        ctx.ledger.complete_restatement(seq, window.window_id, versions(result.sinks))
+        ctx.ledger.complete_restatement(seq, window.window_id, commits(result.sinks))
         stage.discard()
         result.latency_s = time.monotonic() - t0
         results.append(result)

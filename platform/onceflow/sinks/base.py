@@ -13,77 +13,28 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from onceflow._identifiers import check_identifier
-from onceflow.sinks.writers import PartitionWriter
+from onceflow.sinks.contract import (
+    ReconcileScope,
+    RecordedWindow,
+    SinkOutcome,
+    SinkReconcile,
+    TableFacts,
+    WindowWrite,
+)
 from onceflow.storage import Location
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from onceflow._diff import Diff, DiffSample
     from onceflow.job import Job
     from onceflow.ledger import Ledger, Window
     from onceflow.quality import Target
     from onceflow.settings import Settings
-
-
-@dataclass(frozen=True)
-class SinkOutcome:
-    """What one sink did with one window (or one restatement of it)."""
-
-    sink: str
-    committed: bool  # this run wrote the window
-    already_committed: bool  # the sink held it before
-    rows: int = 0
-    delta_version: int | None = None
-    xid: str | None = None
-    latency_s: float = 0.0
-
-
-@dataclass(frozen=True)
-class TableFacts:
-    """What a data catalog shows of one sink's table, never credentials.
-
-    Attributes:
-        uri: Where the table is: a Delta table's location, `postgresql://host/db/schema.table`.
-        columns: (name, type) of its columns, in table order (empty before it exists).
-        row_count: Rows it holds now (for a shared table, this job's rows); None if unknown.
-        row_count_estimated: `row_count` is the database's estimate, not a count (large
-            tables, where counting would read the whole table on every run).
-    """
-
-    uri: str
-    columns: tuple[tuple[str, str], ...]
-    row_count: int | None
-    row_count_estimated: bool = False
-
-
-@dataclass
-class WindowWrite:
-    """A group's part of one window's write, between `SinkGroup.begin` and `SinkGroup.finish`.
-
-    Attributes:
-        sinks: The group's sinks this write commits the window to.
-        writers: What the executors write for them (staged, invisible until `finish` commits).
-        state: The group's own bookkeeping (staging table names, …).
-    """
-
-    sinks: list[str]
-    writers: list[PartitionWriter] = field(default_factory=list)
-    state: Any = None
-
-
-@dataclass(frozen=True)
-class RecordedWindow:
-    """A window as a sink's own commit record tells it (to rebuild a lost ledger)."""
-
-    window_id: int
-    offsets: dict[str, Any]
-    epoch: int
 
 
 @dataclass(frozen=True)
@@ -94,32 +45,6 @@ class SinkContext:
     settings: Settings
     dsn: str
     ledger: Ledger
-
-
-@dataclass(frozen=True)
-class ReconcileScope:
-    """Which windows a reconcile compares in one sink.
-
-    Attributes:
-        unverifiable: Windows whose input is gone: their rows are left alone.
-        since: Rows of windows up to this one were verified before (incremental mode).
-        windows: Every window the ledger has planned.
-    """
-
-    unverifiable: frozenset[int]
-    since: int
-    windows: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class SinkReconcile:
-    """What a reconcile found (and repaired) in one sink."""
-
-    diff: Diff | None
-    skipped: str | None  # why the sink was not compared
-    committed: frozenset[int]  # windows the sink holds
-    compared: frozenset[int]  # windows whose rows were compared one by one
-    samples: tuple[DiffSample, ...] = ()  # the first differences, by key only
 
 
 @dataclass(frozen=True)
@@ -367,3 +292,16 @@ class SinkGroup(ABC):
     @abstractmethod
     def status(self) -> dict[str, dict[str, Any]]:
         """For each sink, plain facts for `onceflow status` (JSON-serialisable)."""
+
+
+__all__ = [
+    "ReconcileScope",
+    "RecordedWindow",
+    "SinkContext",
+    "SinkGroup",
+    "SinkOutcome",
+    "SinkReconcile",
+    "SinkSpec",
+    "TableFacts",
+    "WindowWrite",
+]

@@ -243,7 +243,7 @@ class DeltaGroup(SinkGroup):
                 committed=not commit.already_committed,
                 already_committed=commit.already_committed,
                 rows=commit.rows,
-                delta_version=commit.version,
+                data_version=commit.version,
                 latency_s=time.monotonic() - started,
             )
         }

@@ -648,7 +648,7 @@ def _outcomes(applied: list[Applied], xid: str | None, latency: float) -> dict[s
             committed=not a.already_committed,
             already_committed=a.already_committed,
             rows=a.rows,
-            xid=None if a.already_committed else xid,
+            commit_ref=None if a.already_committed else xid,
             latency_s=latency,
         )
         for a in applied
