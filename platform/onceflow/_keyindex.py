@@ -44,6 +44,7 @@ import psycopg
 from psycopg import sql
 
 from onceflow._identifiers import spark_sql_name, spark_sql_string
+from onceflow._pgcopy import CopyWriter, check_epoch_in, lock_and_count
 from onceflow.errors import SourceError
 from onceflow.postgres import (
     connect,
@@ -52,7 +53,6 @@ from onceflow.postgres import (
     retry_deadline_s,
     retry_delays,
 )
-from onceflow.sinks.postgres.commit import CopyWriter, check_epoch_in, lock_and_count
 from onceflow.sources.base import POSITION_COLUMNS, RAW_TEXT_COLUMN, REASON_COLUMN
 
 if TYPE_CHECKING:

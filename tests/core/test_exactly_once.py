@@ -110,7 +110,7 @@ def test_end_to_end_equals_oracle_and_rerun_changes_nothing(
 
 
 def test_proxy_swallows_the_answer_of_a_committed_transaction(pg_dsn: str) -> None:
-    from onceflow.sinks.postgres.commit import PROTOCOL_DDL
+    from onceflow.sinks.postgres._markers import PROTOCOL_DDL
 
     with psycopg.connect(pg_dsn) as conn:
         conn.execute(PROTOCOL_DDL)

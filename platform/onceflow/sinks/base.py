@@ -110,6 +110,9 @@ class SinkGroup(ABC):
     specs: tuple[SinkSpec, ...]
     #: Its commit records name every window it committed for good (nothing cleans them up).
     keeps_window_records: ClassVar[bool] = False
+    #: The fault point (`onceflow.faults`) right after it committed a window, before the next
+    #: group: crash tests stop a run there.
+    fault_after_commit: ClassVar[str]
 
     @property
     def names(self) -> list[str]:

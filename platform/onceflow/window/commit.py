@@ -32,7 +32,7 @@ def commit(ctx: JobContext, prepared: Prepared, keep_keys: bool = False) -> Wind
                     run_id=run_id, exactly_once=ctx.exactly_once,
                 )  # fmt: skip
             result.sinks.update(outcomes)
-            faults.point(f"after_{group.kind}", window.window_id)
+            faults.point(group.fault_after_commit, window.window_id)
         faults.point("after_commits", window.window_id)
         result.visible_s = time.monotonic() - prepared.started
         if ctx.exactly_once:

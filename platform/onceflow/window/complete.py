@@ -6,8 +6,8 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from onceflow._pgcopy import CopyWriter
 from onceflow.sinks.contract import SinkOutcome
-from onceflow.sinks.postgres.commit import CopyWriter
 from onceflow.sinks.writers import rows_written
 from onceflow.window.context import JobContext
 

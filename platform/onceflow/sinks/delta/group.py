@@ -53,6 +53,7 @@ class DeltaGroup(SinkGroup):
     """One Delta sink: its table under the lake, committed once per window."""
 
     kind = "delta"
+    fault_after_commit = "after_delta"
 
     def __init__(self, spec: DeltaSink, ctx: SinkContext) -> None:
         self.spec = spec

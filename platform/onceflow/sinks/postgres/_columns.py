@@ -14,7 +14,6 @@ columns and types only: never a row's values.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -180,21 +179,3 @@ def _upsert_fits(conn: psycopg.Connection, probe: sql.Identifier, spec: Postgres
             sql.SQL(", ").join(sql.Identifier(k) for k in spec.key),
         ),
     )
-
-
-def refusal_details(exc: psycopg.Error) -> str:
-    """The identifiers in the server's diagnostics of `exc` (schema, table, column, constraint,
-    data type): they name what was refused, never a row's values (which DETAIL may quote)."""
-    diag: Any = exc.diag
-    parts = []
-    table = ".".join(p for p in (diag.schema_name, diag.table_name) if p)
-    if table:
-        parts.append(f"table {table}")
-    for label, value in (
-        ("column", diag.column_name),
-        ("constraint", diag.constraint_name),
-        ("type", diag.datatype_name),
-    ):
-        if value:
-            parts.append(f"{label} {value}")
-    return ", ".join(parts)

@@ -13,6 +13,7 @@ from psycopg import sql
 from psycopg.rows import tuple_row
 
 from onceflow import faults
+from onceflow._pgcopy import POSITION, CopyWriter
 from onceflow.errors import SinkError, TransientSinkError
 from onceflow.job import Guarantee
 from onceflow.postgres import connect, database_uri, retrying
@@ -27,18 +28,11 @@ from onceflow.sinks.base import (
     TableFacts,
     WindowWrite,
 )
+from onceflow.sinks.postgres._accumulate import has_contribution
 from onceflow.sinks.postgres._columns import table_problems
+from onceflow.sinks.postgres._markers import PROTOCOL_DDL
 from onceflow.sinks.postgres._reconcile import narrow_upsert, reconcile_postgres
-from onceflow.sinks.postgres.commit import (
-    COMMIT_ATTEMPTS,
-    POSITION,
-    PROTOCOL_DDL,
-    Applied,
-    CopyWriter,
-    Staged,
-    Transaction,
-    has_contribution,
-)
+from onceflow.sinks.postgres.commit import COMMIT_ATTEMPTS, Applied, Staged, Transaction
 from onceflow.sinks.postgres.spec import PostgresSink, spark_schema
 from onceflow.sinks.writers import rows_written
 from onceflow.storage import Location
@@ -62,6 +56,7 @@ class PostgresGroup(SinkGroup):
     """The PostgreSQL sinks of one job: one transaction per window, one marker per sink."""
 
     kind = "postgres"
+    fault_after_commit = "after_postgres"
     keeps_window_records = True  # markers are rows
 
     def __init__(self, specs: tuple[PostgresSink, ...], ctx: SinkContext) -> None:
@@ -487,7 +482,7 @@ class PostgresGroup(SinkGroup):
         elif spec.mode == "upsert":
             # A key updated by a later window holds only that window's row; with `order_by`,
             # the row of the greatest value, a tie to the later window, file and line (as
-            # `_apply` picks it).
+            # `apply_staged` picks it).
             from pyspark.sql import Window as W
 
             order = [F.col(WINDOW_COL).desc()]
