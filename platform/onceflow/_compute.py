@@ -20,10 +20,9 @@ from pyspark import StorageLevel
 
 from onceflow import _window_params as window_params
 from onceflow._identifiers import spark_sql_name, spark_sql_string
-from onceflow._job_checks import check_outputs
 from onceflow._keyindex import KEY_COL, SEEN_COL, SeenLookup, null_key_columns
 from onceflow.errors import ConfigurationError
-from onceflow.job import Job, WindowContext
+from onceflow.job import Job, WindowContext, check_outputs
 from onceflow.sources.base import RAW_TEXT_COLUMN, REASON_COLUMN, ArrowParse, BatchFunction
 from onceflow.windows import WINDOW_COL
 

@@ -22,7 +22,7 @@ from psycopg import sql
 if TYPE_CHECKING:
     import psycopg
 
-    from onceflow.quality import CheckResult
+    from onceflow.quality.results import CheckResult
 
 SCHEMA = "onceflow"
 VIEW = "lineage"

@@ -17,8 +17,8 @@ from onceflow.generate import generate_payments
 from onceflow.jobs.payments import PAYMENTS
 from onceflow.settings import Settings
 from onceflow.sinks.delta import DeltaTableSink
-from onceflow.sinks.delta.table import spark_schema_to_arrow
 from onceflow.sinks.postgres.commit import Transaction
+from onceflow.sinks.writers import spark_schema_to_arrow
 from tests.support.oracle import expected_outputs
 from tests.support.outputs import actual_outputs, assert_exact
 from tests.support.pgproxy import PgProxy

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from onceflow.sinks import SinkOutcome
+from onceflow.sinks.contract import SinkOutcome
 
 
 @dataclass

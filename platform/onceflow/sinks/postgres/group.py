@@ -25,6 +25,7 @@ from onceflow.sinks.base import (
     SinkGroup,
     SinkOutcome,
     SinkReconcile,
+    SinkSpec,
     TableFacts,
     WindowWrite,
 )
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
     from onceflow.ledger import Window
-    from onceflow.quality import Target
+    from onceflow.quality.target import Target
 
 _log = logging.getLogger(__name__)
 
@@ -58,6 +59,12 @@ class PostgresGroup(SinkGroup):
     kind = "postgres"
     fault_after_commit = "after_postgres"
     keeps_window_records = True  # markers are rows
+
+    @classmethod
+    def open_groups(cls, specs: Sequence[SinkSpec], ctx: SinkContext) -> list[SinkGroup]:
+        """A job's PostgreSQL sinks are one group: one transaction commits a window to all."""
+        mine = tuple(spec for spec in specs if isinstance(spec, PostgresSink))
+        return [cls(mine, ctx)] if mine else []
 
     def __init__(self, specs: tuple[PostgresSink, ...], ctx: SinkContext) -> None:
         self.specs = specs
@@ -547,7 +554,7 @@ class PostgresGroup(SinkGroup):
         return None
 
     def quality_targets(self) -> list[Target]:
-        from onceflow.quality import PostgresTableTarget, SumConsistency
+        from onceflow.sinks.postgres._quality import PostgresTableTarget, SumConsistency
 
         job = self.ctx.job
         regex: dict[str, str] = dict(job.metadata.get("regex", {}))
