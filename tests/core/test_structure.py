@@ -215,7 +215,8 @@ def test_no_import_circle_counting_every_import() -> None:
     """No circle among the core's modules, whatever kind of import closes it: move the shared
     types down (e.g. `onceflow/sinks/contract.py`) rather than hide an import."""
     graph = _import_graph()
-    assert "onceflow.sinks.postgres._markers" in graph["onceflow.sinks.postgres.group"]
+    # The graph is real: an import inside a function is in it.
+    assert "onceflow.spark" in graph["onceflow.quality.validate"]
     circles = _circles(graph)
     assert circles == [], "import circles:\n" + "\n".join(" | ".join(c) for c in circles)
 
