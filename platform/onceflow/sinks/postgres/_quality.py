@@ -3,8 +3,9 @@ row count its commit markers say it holds."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from psycopg import sql
 
@@ -19,7 +20,11 @@ from onceflow.quality.suites import (
     columns_sql,
     ge_query,
 )
-from onceflow.quality.target import CheckRun
+from onceflow.quality.target import CheckRun, Target
+
+if TYPE_CHECKING:
+    from onceflow.job import Job
+    from onceflow.sinks.postgres.spec import PostgresSink
 
 # A marker's rows_written is the rows its window added to the table (an upsert that replaces a
 # row adds none); a restatement's is its net change.
@@ -238,3 +243,41 @@ def sum_consistency_suite(job: str, target: SumConsistency) -> SuiteSpec:
 def balances_relation_query(target: SumConsistency) -> str:
     """Return the `SELECT` over the accumulated table (the GE query asset of its suite)."""
     return sql.SQL("SELECT * FROM {}").format(sql.Identifier(*target.balances)).as_string()
+
+
+def quality_targets(specs: Sequence[PostgresSink], job: Job) -> list[Target]:
+    """The targets of a job's PostgreSQL sinks: each keyed table's rules, and the sums the
+    job's metadata declares between two of its tables."""
+    by_name = {spec.name: spec for spec in specs}
+    regex: dict[str, str] = dict(job.metadata.get("regex", {}))
+    targets: list[Target] = [
+        PostgresTableTarget(
+            sink=spec.name,
+            schema=spec.schema,
+            table=spec.table,
+            key=spec.key,
+            expected_rows_from="none" if spec.mode == "accumulate" else "markers",
+            not_null=spec.key,
+            regex={c: p for c, p in regex.items() if c in spec.columns},
+            row_filter={spec.job_column: job.name} if spec.job_column else {},
+        )
+        for spec in specs
+        if spec.key
+    ]
+    for sink_name, rule in dict(job.metadata.get("sums", {})).items():
+        balances = by_name.get(sink_name)
+        source = by_name.get(rule["source_sink"])
+        if balances is None or source is None:
+            continue
+        targets.append(
+            SumConsistency(
+                sink=sink_name,
+                balances=(balances.schema, balances.table),
+                group_keys=balances.key,
+                total_col=rule["total"],
+                count_col=rule["count"],
+                source=(source.schema, source.table),
+                amount_col=rule["amount"],
+            )
+        )
+    return targets

@@ -67,11 +67,6 @@ _log = logging.getLogger(__name__)
 RESOLVE_TIMEOUT_S = 120.0
 
 
-# Attempts at a window's commit after a transient failure other than a lost connection (a lost
-# connection is retried until ONCEFLOW_PG_RETRY_S).
-COMMIT_ATTEMPTS = 5
-
-
 @dataclass(frozen=True)
 class Staged:
     """One sink's rows of one window, copied into a staging table by the executors."""
@@ -243,11 +238,12 @@ class Transaction:
         """Apply every staged sink in one transaction; return what each did and the xid.
 
         A connection lost before COMMIT, or a COMMIT the markers show was not applied, is
-        retried with the same staging tables until ONCEFLOW_PG_RETRY_S.
+        retried here, with the same staging tables, until ONCEFLOW_PG_RETRY_S (the one retry of
+        a lost connection on the driver's commit).
 
         Raises:
-            TransientSinkError: A staging table lost rows, or a lock wait timed out: stage
-                again and retry.
+            TransientSinkError: A staging table lost rows, or a lock wait timed out: the group
+                stages again.
             FencedError: A newer run took over.
             SinkError: PostgreSQL refused the window; nothing was written.
             PostgresUnavailableError: The server stayed unreachable.
