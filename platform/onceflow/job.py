@@ -112,7 +112,7 @@ class Job:
 
     Every mismatch between these declarations (sinks, outputs, columns, keys, quarantine) is a
     ConfigurationError when the job loads, or at its first window's plan where only the
-    transform's output schema tells (`onceflow._job_checks`), never a failed write.
+    transform's output schema tells (`check_outputs` below), never a failed write.
     """
 
     name: str

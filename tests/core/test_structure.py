@@ -277,6 +277,19 @@ def test_the_kind_check_flags_a_kind_outside_its_package() -> None:
     ]
 
 
+def test_the_sinks_key_index_lineage_ledger_and_quality_modules_are_small() -> None:
+    """No module of the sinks, the key index, lineage, the ledger or quality over 600 lines:
+    each named for what it holds (DDL, markers, COPY, the transaction, each mode's SQL)."""
+    files = _files(
+        CORE / "sinks", CORE / "quality", CORE / "lineage.py", *CORE.glob("_key*.py"),
+        *CORE.glob("ledger*.py"), *CORE.glob("_ledger*.py"), CORE / "_pgcopy.py",
+    )  # fmt: skip
+    big = {
+        str(p.relative_to(CORE)): n for p in files if (n := len(p.read_text().splitlines())) > 600
+    }
+    assert len(files) > 20 and big == {}
+
+
 def test_no_sink_kind_named_outside_its_package() -> None:
     """Outside `sinks/<kind>/` no module imports a kind's package or names its classes (but
     `onceflow/__init__.py`'s public names, the reference jobs and the sink registry)."""

@@ -6,14 +6,13 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
-from functools import reduce
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from psycopg import sql
 from psycopg.rows import tuple_row
 
 from onceflow import faults
-from onceflow._pgcopy import POSITION, CopyWriter
+from onceflow._pgcopy import CopyWriter
 from onceflow.errors import SinkError, TransientSinkError
 from onceflow.job import Guarantee
 from onceflow.postgres import (
@@ -38,14 +37,14 @@ from onceflow.sinks.base import (
 )
 from onceflow.sinks.postgres._accumulate import has_contribution
 from onceflow.sinks.postgres._columns import count_rows, create_table, table_problems
+from onceflow.sinks.postgres._expected import expected_rows
 from onceflow.sinks.postgres._markers import PROTOCOL_DDL
 from onceflow.sinks.postgres._quality import quality_targets
 from onceflow.sinks.postgres._reconcile import narrow_upsert, reconcile_postgres
 from onceflow.sinks.postgres.commit import Applied, Staged, Transaction
-from onceflow.sinks.postgres.spec import PostgresSink, spark_schema
+from onceflow.sinks.postgres.spec import PostgresSink
 from onceflow.sinks.writers import rows_written
 from onceflow.storage import Location
-from onceflow.windows import WINDOW_COL
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -469,11 +468,9 @@ class PostgresGroup(SinkGroup):
         workdir: Location,
     ) -> SinkReconcile:
         from pyspark.sql import functions as F
-        from pyspark.sql.types import _parse_datatype_string
 
         spec = self.by_name[sink]
         committed = frozenset(self.held(scope.windows)[sink])
-        schema = _parse_datatype_string(spark_schema(spec.columns))
         accumulate = spec.mode == "accumulate"
         window_col = spec.window_column
         if window_col is None and scope.unverifiable:
@@ -488,43 +485,7 @@ class PostgresGroup(SinkGroup):
             if scoped_upsert
             else compare
         )
-        if expected is None:
-            expected = spark.createDataFrame([], schema).withColumn(
-                WINDOW_COL, F.lit(None).cast("bigint")
-            )
-        expected = expected.where(
-            F.col(WINDOW_COL).isin(sorted(windows)) if windows else F.lit(False)
-        )
-        if accumulate:
-            others = [c for c in spec.columns if c not in spec.key and c not in spec.accumulate]
-            expected = expected.groupBy(*spec.key).agg(
-                *[F.sum(F.col(c).cast("decimal(38,0)")).alias(c) for c in spec.accumulate],
-                *[F.max_by(F.col(c), F.col(WINDOW_COL)).alias(c) for c in others],
-            )
-            # The sink deletes a row whose accumulated columns all come back to zero.
-            expected = expected.where(
-                reduce(lambda a, b: a | b, [F.col(c) != 0 for c in spec.accumulate])
-            )
-        elif spec.mode == "upsert":
-            # A key updated by a later window holds only that window's row; with `order_by`,
-            # the row of the greatest value, a tie to the later window, file and line (as
-            # `apply_staged` picks it).
-            from pyspark.sql import Window as W
-
-            order = [F.col(WINDOW_COL).desc()]
-            if spec.order_by is not None:
-                order = [F.col(spec.order_by).desc_nulls_last(), *order]
-                order += [F.col(c).desc_nulls_last() for c in POSITION if c in expected.columns]
-            latest = W.partitionBy(*spec.key).orderBy(*order)
-            expected = (
-                expected.withColumn("__latest", F.row_number().over(latest))
-                .where(F.col("__latest") == 1)
-                .drop("__latest")
-            )
-        expected = expected.select(
-            *[F.col(f.name).cast(f.dataType) for f in schema.fields],
-            *([F.col(WINDOW_COL)] if scoped_upsert else []),
-        )
+        expected = expected_rows(spark, spec, expected, windows, keep_window=scoped_upsert)
 
         def compared_rows(expected: DataFrame, actual: DataFrame) -> tuple[DataFrame, DataFrame]:
             if window_col is None:
