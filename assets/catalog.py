@@ -97,16 +97,16 @@ def lineage_table(
             state = f"skipped: {row.skipped}"
         elif abandoned and row.window_id in abandoned:
             state = f"abandoned here (a known gap): {abandoned[row.window_id]}"
-        version = row.delta_versions.get(sink.name)
-        xid = row.pg_xids.get(sink.name)
-        commit = f"v{version}" if version is not None else (f"xid {xid}" if xid else None)
+        version = row.data_versions.get(sink.name)
+        ref = row.commit_refs.get(sink.name)
+        commit = f"v{version}" if version is not None else (f"commit {ref}" if ref else None)
         records.append(
             TableRecord(
                 {
                     "window": row.window_id,
                     "input": _offsets_text(row.offsets),
                     "rows_in": row.rows_in,
-                    "rows": row.pg_rows.get(sink.name, row.rows_by_output.get(sink.output)),
+                    "rows": row.rows_committed.get(sink.name, row.rows_by_output.get(sink.output)),
                     "commit": commit,
                     "state": state,
                 }

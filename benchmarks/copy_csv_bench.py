@@ -19,9 +19,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
+from onceflow._pgcopy import _utc_as_text
 from onceflow.generate import generate_payments
 from onceflow.jobs.payments import PAYMENT_COLUMNS, _parse_batches
-from onceflow.sinks.postgres.commit import _utc_as_text
 from onceflow.sources.landing import _lines_batch
 
 BATCH_ROWS = 10_000  # spark.sql.execution.arrow.maxRecordsPerBatch's default

@@ -68,7 +68,8 @@ def window_frame(spark: Any, history: int, rows: int) -> Any:
 
 def new_path(spark: Any, dsn: str, frame: Any, window_id: int) -> tuple[float, int]:
     """Look up the window's keys, then add its kept keys to the index (rolled back)."""
-    from onceflow._keyindex import KEY_COL, SEEN_COL, KeyIndex
+    from onceflow._keyindex import KeyIndex
+    from onceflow._keylookup import KEY_COL, SEEN_COL
     from onceflow.ledger import Ledger
     from onceflow.sinks.writers import rows_written, run_writers
 

@@ -187,7 +187,7 @@ _COPY_SCRIPT = """
 import sys, time
 import psycopg
 from onceflow.spark import build_spark_session
-from onceflow.sinks.postgres.commit import copy_frame
+from onceflow._pgcopy import copy_frame
 
 dsn, rows = sys.argv[1], int(sys.argv[2])
 spark = build_spark_session(app_name="copy-bench")

@@ -64,12 +64,12 @@ def _balance_twins(
     sink's key), each a sink of its own name, and an empty staging table `stage` as the commit
     stages rows (accumulated columns numeric)."""
     from onceflow.jobs.payments import PAYMENTS
-    from onceflow.sinks.postgres import commit
+    from onceflow.sinks.postgres import _markers
     from onceflow.sinks.postgres.group import _create_table
 
     balances = PAYMENTS.sink("pg_merchant_balances")
     twins = {t: dataclasses.replace(balances, name=t, table=t) for t in tables}
-    conn.execute(commit.PROTOCOL_DDL)
+    conn.execute(_markers.PROTOCOL_DDL)
     for table, spec in twins.items():
         _create_table(conn, spec)
         conn.execute(
@@ -88,7 +88,7 @@ def _balance_twins(
 
 
 def accumulate(dsn: str, rounds: int) -> dict[str, list[float]]:
-    from onceflow.sinks.postgres import commit
+    from onceflow.sinks.postgres import _accumulate as commit
 
     with psycopg.connect(dsn, autocommit=True) as conn:
         twins, staging = _balance_twins(conn, ("bal_upsert", "bal_update"), "bal_stage")
@@ -112,7 +112,7 @@ def accumulate(dsn: str, rounds: int) -> dict[str, list[float]]:
             if not upsert:
                 commit._key_is_unique = lambda conn, spec: False
             try:
-                commit._accumulate(work, target, commit._summed(target, staging))
+                commit.accumulate(work, target, commit.summed(target, staging))
             finally:
                 commit._key_is_unique = unique
             work.commit()
@@ -199,12 +199,13 @@ def sessions(dsn: str, rounds: int) -> dict[str, list[float]]:
 
 def contributions(dsn: str, rounds: int) -> dict[str, list[float]]:
     from onceflow.jobs.payments import PAYMENTS
-    from onceflow.sinks.postgres import commit
+    from onceflow.sinks.postgres import _accumulate as commit
+    from onceflow.sinks.postgres import _markers
 
     balances = PAYMENTS.sink("pg_merchant_balances")
     staging = sql.Identifier("public", "contribution_stage")
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(commit.PROTOCOL_DDL)
+        conn.execute(_markers.PROTOCOL_DDL)
         conn.execute(
             "CREATE UNLOGGED TABLE contribution_stage (merchant_id text, currency text,"
             " total_cents numeric, payment_count numeric)"
@@ -230,7 +231,7 @@ def contributions(dsn: str, rounds: int) -> dict[str, list[float]]:
         def run() -> None:
             window[0] += 1
             if one_row:
-                commit._save_contribution(work, balances, staging, "bench", window[0])
+                commit.save_contribution(work, balances, staging, "bench", window[0])
             else:
                 work.execute(
                     per_key.format(
@@ -250,7 +251,7 @@ def contributions(dsn: str, rounds: int) -> dict[str, list[float]]:
 
 
 def accumulate_and_record(dsn: str, rounds: int) -> dict[str, list[float]]:
-    from onceflow.sinks.postgres import commit
+    from onceflow.sinks.postgres import _accumulate as commit
 
     with psycopg.connect(dsn, autocommit=True) as conn:
         twins, staging = _balance_twins(conn, ("acc_one", "acc_two"), "acc_stage")
@@ -266,14 +267,14 @@ def accumulate_and_record(dsn: str, rounds: int) -> dict[str, list[float]]:
             window[0] += 1
             if one_statement:
                 spec = twins["acc_one"]
-                commit._forget_contribution(work, spec, "bench", window[0])
-                commit._accumulate(
-                    work, spec, commit._summed(spec, staging), record=("bench", window[0])
+                commit.forget_contribution(work, spec, "bench", window[0])
+                commit.accumulate(
+                    work, spec, commit.summed(spec, staging), record=("bench", window[0])
                 )
             else:
                 spec = twins["acc_two"]
-                commit._save_contribution(work, spec, staging, "bench", window[0])
-                commit._accumulate(work, spec, commit._summed(spec, staging))
+                commit.save_contribution(work, spec, staging, "bench", window[0])
+                commit.accumulate(work, spec, commit.summed(spec, staging))
             work.commit()
 
         return lambda: _timed(run)

@@ -5,7 +5,7 @@ sequence of windows. The first valid occurrence of each dedupe key in source ord
 unit, position) is kept, over the whole sequence and against `seen`, the keys earlier windows
 kept (from the dedupe state sink) — so a window computed alone and the same window computed
 inside a sequence give the same rows. A record whose dedupe key has a null part is quarantined
-(`_keyindex.null_key_columns`), the same in every window and every sequence.
+(`_keylookup.null_key_columns`), the same in every window and every sequence.
 """
 
 from __future__ import annotations
@@ -20,10 +20,9 @@ from pyspark import StorageLevel
 
 from onceflow import _window_params as window_params
 from onceflow._identifiers import spark_sql_name, spark_sql_string
-from onceflow._job_checks import check_outputs
-from onceflow._keyindex import KEY_COL, SEEN_COL, SeenLookup, null_key_columns
+from onceflow._keylookup import KEY_COL, SEEN_COL, SeenLookup, null_key_columns
 from onceflow.errors import ConfigurationError
-from onceflow.job import Job, WindowContext
+from onceflow.job import Job, WindowContext, check_outputs
 from onceflow.sources.base import RAW_TEXT_COLUMN, REASON_COLUMN, ArrowParse, BatchFunction
 from onceflow.windows import WINDOW_COL
 

@@ -23,14 +23,31 @@ relies on is checked here, and what cannot be checked is harmless:
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
 
 import psycopg
 
 from onceflow.errors import LedgerError
 
 if TYPE_CHECKING:
-    from onceflow.window.context import JobContext
+    from onceflow._keyindex import KeyIndex
+    from onceflow.job import Job
+    from onceflow.ledger import Ledger
+
+
+class JobContext(Protocol):
+    """What the check uses of `onceflow.window.context.JobContext` (which runs it at start-up,
+    so the type is stated here rather than imported)."""
+
+    job: Job
+    ledger: Ledger
+    index: KeyIndex | None
+
+    def held(self, window_ids: Sequence[int]) -> dict[int, set[str]]: ...
+
+    def rebuild_ledger(self) -> list[int]: ...
+
 
 _log = logging.getLogger(__name__)
 

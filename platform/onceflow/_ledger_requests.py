@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, TypeVar
 if TYPE_CHECKING:
     import psycopg
 
+    from onceflow.sinks.contract import SinkOutcome
+
 T = TypeVar("T")
 
 
@@ -40,11 +42,11 @@ class _LedgerBase:
 
         def fence(self, conn: psycopg.Connection, epoch: int) -> None: ...
 
-        def record_versions(
+        def record_commits(
             self,
             conn: psycopg.Connection,
             window_id: int,
-            versions: Mapping[str, int],
+            commits: Sequence[SinkOutcome],
             restate_seq: int | None = None,
         ) -> None: ...
 
@@ -89,14 +91,14 @@ class Restatements(_LedgerBase):
         return [(int(s), int(w), str(r)) for s, w, r in rows]
 
     def complete_restatement(
-        self, seq: int, window_id: int | None = None, versions: Mapping[str, int] | None = None
+        self, seq: int, window_id: int | None = None, commits: Sequence[SinkOutcome] = ()
     ) -> None:
-        """Mark restatement `seq` done, recording the sink versions that hold window
+        """Mark restatement `seq` done, recording the sink commits that wrote window
         `window_id`'s restated rows in the same transaction."""
 
         def work(conn: psycopg.Connection) -> None:
             if window_id is not None:
-                self.record_versions(conn, window_id, versions or {}, restate_seq=seq)
+                self.record_commits(conn, window_id, commits, restate_seq=seq)
             conn.execute(
                 "UPDATE onceflow.restatements SET completed_at = coalesce(completed_at, now())"
                 " WHERE job = %s AND seq = %s AND cancelled_at IS NULL",

@@ -56,17 +56,29 @@ DO $$ BEGIN
                                           ADD COLUMN cancel_reason text;
     END IF;
 END $$;
--- The version of a versioned sink's data (a Delta table version) holding each window, for the
--- lineage view; the sink's own log stays the truth.
+-- One record per sink commit of a window, whatever the sink's kind, for the lineage view: the
+-- version of the sink's data holding it (a Delta table version), the id of the commit that
+-- wrote it (a PostgreSQL transaction id) and its rows. The sink's own records stay the truth.
 CREATE TABLE IF NOT EXISTS onceflow.sink_versions (
     job text NOT NULL,
     window_id bigint NOT NULL,
     sink text NOT NULL,
-    version bigint NOT NULL,
+    version bigint,
+    commit_ref text,
+    rows_written bigint,
     restate_seq bigint,
     recorded_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (job, window_id, sink)
 );
+-- Ledgers made when only Delta versions were recorded get the generic columns once.
+DO $$ BEGIN
+    IF NOT EXISTS (SELECT 1 FROM information_schema.columns WHERE table_schema = 'onceflow'
+                   AND table_name = 'sink_versions' AND column_name = 'commit_ref') THEN
+        ALTER TABLE onceflow.sink_versions ADD COLUMN commit_ref text,
+                                           ADD COLUMN rows_written bigint,
+                                           ALTER COLUMN version DROP NOT NULL;
+    END IF;
+END $$;
 -- Completed windows a sink lacks and whose input is gone, given up for that sink by an operator
 -- (`onceflow windows abandon`): a known, named gap, never a silent one.
 CREATE TABLE IF NOT EXISTS onceflow.abandoned_windows (

@@ -32,8 +32,7 @@ def spill(df: DataFrame, location: Location) -> DataFrame:
     """Write `df` under `location` on the executors and return a frame that reads that copy
     (so what follows reads fixed rows, not a recomputation)."""
     from onceflow._delta_read import read_parquet_files
-    from onceflow.sinks.delta.table import spark_schema_to_arrow
-    from onceflow.sinks.writers import ParquetFileWriter, run_writers
+    from onceflow.sinks.writers import ParquetFileWriter, run_writers, spark_schema_to_arrow
 
     if location.is_local:
         df.write.mode("overwrite").parquet(location.uri)
@@ -106,8 +105,7 @@ class WindowStage:
 
     def write(self, name: str, df: DataFrame) -> DataFrame:
         """Write `df` on the executors and return a DataFrame reading the staged copy."""
-        from onceflow.sinks.delta.table import spark_schema_to_arrow
-        from onceflow.sinks.writers import ParquetFileWriter, run_writers
+        from onceflow.sinks.writers import ParquetFileWriter, run_writers, spark_schema_to_arrow
 
         writer = ParquetFileWriter(name, name, self.root, name, spark_schema_to_arrow(df))
         results = run_writers({name: df}, [writer])[name]

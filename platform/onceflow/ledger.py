@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 from psycopg import sql
@@ -27,6 +27,9 @@ from onceflow.errors import FencedError, LedgerError
 from onceflow.lineage import ensure_view
 from onceflow.postgres import Sessions, connect, retrying
 from onceflow.sink_state import DDL as SINK_STATE_DDL
+
+if TYPE_CHECKING:
+    from onceflow.sinks.contract import SinkOutcome
 
 _log = logging.getLogger(__name__)
 
@@ -449,39 +452,50 @@ class Ledger(Restatements, Abandonments):
             ),
         )
 
-    def record_versions(
+    def record_commits(
         self,
         conn: psycopg.Connection,
         window_id: int,
-        versions: Mapping[str, int],
+        commits: Sequence[SinkOutcome],
         restate_seq: int | None = None,
     ) -> None:
-        """Inside `conn`'s transaction, record the sink data versions (Delta table versions)
-        holding the window, or its restatement `restate_seq` (idempotent)."""
-        if not versions:
+        """Inside `conn`'s transaction, record each sink commit of the window, or of its
+        restatement `restate_seq` (data version, commit id, rows), for lineage (idempotent)."""
+        if not commits:
             return
         conn.execute(
-            "INSERT INTO onceflow.sink_versions (job, window_id, sink, version, restate_seq)"
-            " SELECT %s, %s, s, v, %s FROM unnest(%s::text[], %s::bigint[]) AS x(s, v)"
+            "INSERT INTO onceflow.sink_versions"
+            " (job, window_id, sink, version, commit_ref, rows_written, restate_seq)"
+            " SELECT %s, %s, s, v, c, r, %s"
+            " FROM unnest(%s::text[], %s::bigint[], %s::text[], %s::bigint[]) AS x(s, v, c, r)"
             " ON CONFLICT (job, window_id, sink) DO UPDATE SET version = EXCLUDED.version,"
+            " commit_ref = EXCLUDED.commit_ref, rows_written = EXCLUDED.rows_written,"
             " restate_seq = EXCLUDED.restate_seq, recorded_at = now()",
-            (self.job, window_id, restate_seq, list(versions), list(versions.values())),
+            (
+                self.job,
+                window_id,
+                restate_seq,
+                [c.sink for c in commits],
+                [c.data_version for c in commits],
+                [c.commit_ref for c in commits],
+                [c.rows for c in commits],
+            ),
         )
 
     def mark_completed(
         self,
         window_id: int,
         also: Callable[[psycopg.Connection], T] | None = None,
-        versions: Mapping[str, int] | None = None,
+        commits: Sequence[SinkOutcome] = (),
     ) -> T | None:
         """Mark the window completed (every sink holds it), with `also(conn)` in the same
         transaction, and return what `also` returned; `also` must be idempotent (the whole
-        transaction is retried). `versions`: the sinks' data versions holding the window, for
+        transaction is retried). `commits`: the sink commits that wrote the window, recorded for
         the lineage view."""
 
         def work(conn: psycopg.Connection) -> T | None:
             done = also(conn) if also is not None else None
-            self.record_versions(conn, window_id, versions or {})
+            self.record_commits(conn, window_id, commits)
             conn.execute(
                 "UPDATE onceflow.windows SET completed_at = now()"
                 " WHERE job = %s AND window_id = %s AND completed_at IS NULL",

@@ -1,10 +1,10 @@
 """The lineage view `onceflow.lineage`: what proves each window was delivered once.
 
 One row per (job, window): its offsets, the rows it read, kept, found duplicated and
-quarantined (the ledger's stats), the Delta version holding it in each Delta sink (recorded by
-the engine when it completes the window; the Delta log stays the truth), the PostgreSQL
-transaction id that committed it in each PostgreSQL sink (from the commit markers, written by
-that very transaction), and the latest quality checks that covered it. A dashboard, `onceflow
+quarantined (the ledger's stats), each sink's commit of it as the ledger records it when it
+completes the window, whatever the sink's kind (the version of the sink's data holding it, the
+id of the commit that wrote it, its rows; the sinks' own records stay the truth), and the latest
+quality checks that covered it. A dashboard, `onceflow
 status --json` and the Dagster metadata all read this one view, so they cannot disagree.
 """
 
@@ -22,13 +22,13 @@ from psycopg import sql
 if TYPE_CHECKING:
     import psycopg
 
-    from onceflow.quality import CheckResult
+    from onceflow.quality.results import CheckResult
 
 SCHEMA = "onceflow"
 VIEW = "lineage"
 # Bumped whenever the view's definition changes: the view is replaced only then, so the
 # start-up of every run and sensor tick does not rewrite the catalog.
-VIEW_VERSION = "onceflow.lineage v1"
+VIEW_VERSION = "onceflow.lineage v2"
 # Validations whose check results are kept per job (older ones are covered by newer ones).
 KEPT_VALIDATIONS = 100
 
@@ -46,7 +46,6 @@ CREATE TABLE IF NOT EXISTS onceflow.check_results (
 );
 CREATE INDEX IF NOT EXISTS check_results_by_window
     ON onceflow.check_results (job, through_window);
-CREATE INDEX IF NOT EXISTS sink_commits_by_window ON onceflow.sink_commits (job, window_id);
 """
 
 # Each lateral subquery reads one window's rows by index, so `WHERE job = … ORDER BY window_id
@@ -64,23 +63,23 @@ SELECT w.job,
        (w.stats ->> 'duplicates')::bigint AS duplicates,
        (w.stats ->> 'quarantined')::bigint AS quarantined,
        coalesce(w.stats -> 'outputs', '{{}}'::jsonb) AS rows_by_output,
-       coalesce(d.delta_versions, '{{}}'::jsonb) AS delta_versions,
-       coalesce(p.pg_xids, '{{}}'::jsonb) AS pg_xids,
-       coalesce(p.pg_rows, '{{}}'::jsonb) AS pg_rows,
+       coalesce(c.data_versions, '{{}}'::jsonb) AS data_versions,
+       coalesce(c.commit_refs, '{{}}'::jsonb) AS commit_refs,
+       coalesce(c.rows_committed, '{{}}'::jsonb) AS rows_committed,
        q.checks,
        q.checks_failed,
        CASE WHEN q.checks = 0 THEN NULL ELSE q.checks_failed = 0 END AS checks_passed,
        q.checked_at
 FROM {windows} w
 LEFT JOIN LATERAL (
-    SELECT jsonb_object_agg(v.sink, v.version) AS delta_versions
-    FROM {versions} v WHERE v.job = w.job AND v.window_id = w.window_id
-) d ON true
-LEFT JOIN LATERAL (
-    SELECT jsonb_object_agg(c.sink, c.xid::text) AS pg_xids,
-           jsonb_object_agg(c.sink, c.rows_written) AS pg_rows
-    FROM {markers} c WHERE c.job = w.job AND c.window_id = w.window_id
-) p ON true
+    SELECT jsonb_object_agg(v.sink, v.version) FILTER (WHERE v.version IS NOT NULL)
+               AS data_versions,
+           jsonb_object_agg(v.sink, v.commit_ref) FILTER (WHERE v.commit_ref IS NOT NULL)
+               AS commit_refs,
+           jsonb_object_agg(v.sink, v.rows_written) FILTER (WHERE v.rows_written IS NOT NULL)
+               AS rows_committed
+    FROM {commits} v WHERE v.job = w.job AND v.window_id = w.window_id
+) c ON true
 LEFT JOIN LATERAL (
     SELECT count(*) AS checks,
            count(*) FILTER (WHERE NOT latest.passed) AS checks_failed,
@@ -114,9 +113,11 @@ class LineageRow:
         duplicates: Valid records dropped as duplicates.
         quarantined: Invalid records sent to the quarantine.
         rows_by_output: Rows of each transform output.
-        delta_versions: Delta sink → the table version holding the window.
-        pg_xids: PostgreSQL sink → the id of the transaction that committed the window.
-        pg_rows: PostgreSQL sink → rows that transaction wrote.
+        data_versions: Sink → the version of its data holding the window, for kinds that
+            version their data (a Delta table version).
+        commit_refs: Sink → the id of the commit that wrote the window, for kinds that have
+            one (a PostgreSQL transaction id; one transaction commits every PostgreSQL sink).
+        rows_committed: Sink → rows that commit wrote.
         checks: Quality checks in the latest results covering the window (0: none yet).
         checks_failed: How many of them failed.
         checks_passed: Whether they all passed (None when no check covered the window yet).
@@ -135,9 +136,9 @@ class LineageRow:
     duplicates: int | None
     quarantined: int | None
     rows_by_output: dict[str, int]
-    delta_versions: dict[str, int]
-    pg_xids: dict[str, str]
-    pg_rows: dict[str, int]
+    data_versions: dict[str, int]
+    commit_refs: dict[str, str]
+    rows_committed: dict[str, int]
     checks: int
     checks_failed: int
     checks_passed: bool | None
@@ -153,11 +154,8 @@ class LineageRow:
 
 
 def ensure_view(conn: psycopg.Connection) -> None:
-    """Create the lineage view and the tables it reads (inside the caller's transaction).
-
-    The PostgreSQL commit markers' table is created here too, so the view exists for jobs
-    without a PostgreSQL sink.
-    """
+    """Create the lineage view and the check results' table (inside the caller's transaction,
+    after the ledger's tables)."""
     ensure_results_table(conn)
     row = conn.execute(
         "SELECT obj_description(to_regclass(%s), 'pg_class')", (f"{SCHEMA}.{VIEW}",)
@@ -167,8 +165,7 @@ def ensure_view(conn: psycopg.Connection) -> None:
     view = _ident(VIEW)
     body = sql.SQL(_VIEW).format(
         windows=_ident("windows"),
-        versions=_ident("sink_versions"),
-        markers=_ident("sink_commits"),
+        commits=_ident("sink_versions"),
         checks=_ident("check_results"),
     )
     # DROP first: CREATE OR REPLACE cannot change a view's columns.
@@ -181,7 +178,7 @@ def read_lineage(conn: psycopg.Connection, job: str, *, limit: int = 20) -> list
     """The job's newest `limit` windows, newest first, from the view."""
     query = sql.SQL(
         "SELECT job, window_id, epoch, offsets, planned_at, completed_at, skip_reason, rows_in,"
-        " rows_out, duplicates, quarantined, rows_by_output, delta_versions, pg_xids, pg_rows,"
+        " rows_out, duplicates, quarantined, rows_by_output, data_versions, commit_refs, rows_committed,"
         " checks, checks_failed, checks_passed, checked_at"
         " FROM {} WHERE job = %s ORDER BY window_id DESC LIMIT %s"
     ).format(_ident(VIEW))
@@ -200,9 +197,9 @@ def read_lineage(conn: psycopg.Connection, job: str, *, limit: int = 20) -> list
             duplicates=_opt_int(r[9]),
             quarantined=_opt_int(r[10]),
             rows_by_output={str(k): int(v) for k, v in dict(r[11]).items()},
-            delta_versions={str(k): int(v) for k, v in dict(r[12]).items()},
-            pg_xids={str(k): str(v) for k, v in dict(r[13]).items()},
-            pg_rows={str(k): int(v) for k, v in dict(r[14]).items()},
+            data_versions={str(k): int(v) for k, v in dict(r[12]).items()},
+            commit_refs={str(k): str(v) for k, v in dict(r[13]).items()},
+            rows_committed={str(k): int(v) for k, v in dict(r[14]).items()},
             checks=int(r[15]),
             checks_failed=int(r[16]),
             checks_passed=r[17],
@@ -292,17 +289,12 @@ def record_check_results(
 
 
 def ensure_results_table(conn: psycopg.Connection) -> None:
-    """The check results' table, and the markers' table and index the view reads, when one is
-    missing. Checked first: `CREATE INDEX IF NOT EXISTS` locks the markers' table against
-    commits even when the index exists, and this runs at the start of every run and tick."""
-    row = conn.execute(
-        "SELECT to_regclass('onceflow.check_results') IS NOT NULL"
-        " AND to_regclass('onceflow.sink_commits_by_window') IS NOT NULL"
-    ).fetchone()
+    """The check results' table, when it is missing. Checked first: `CREATE INDEX IF NOT
+    EXISTS` takes a lock even when the index exists, and this runs at the start of every run
+    and tick."""
+    row = conn.execute("SELECT to_regclass('onceflow.check_results') IS NOT NULL").fetchone()
     if row is not None and row[0]:
         return
-    from onceflow.sinks.postgres.commit import PROTOCOL_DDL
-
     conn.execute("SELECT pg_advisory_xact_lock(hashtext('onceflow.schema'))")
-    conn.execute(PROTOCOL_DDL)
+    conn.execute("CREATE SCHEMA IF NOT EXISTS onceflow")
     conn.execute(_TABLES)

@@ -507,3 +507,21 @@ def check_reachable(dsn: str) -> None:
 def resolve_dsn(postgres_dsn: str | None, home: Path) -> str:
     """The DSN to use: the configured one, or the embedded server's."""
     return postgres_dsn if postgres_dsn else embedded_dsn(home)
+
+
+def refusal_details(exc: psycopg.Error) -> str:
+    """The identifiers in the server's diagnostics of `exc` (schema, table, column, constraint,
+    data type): they name what was refused, never a row's values (which DETAIL may quote)."""
+    diag: Any = exc.diag
+    parts = []
+    table = ".".join(p for p in (diag.schema_name, diag.table_name) if p)
+    if table:
+        parts.append(f"table {table}")
+    for label, value in (
+        ("column", diag.column_name),
+        ("constraint", diag.constraint_name),
+        ("type", diag.datatype_name),
+    ):
+        if value:
+            parts.append(f"{label} {value}")
+    return ", ".join(parts)

@@ -22,26 +22,15 @@ from typing import TYPE_CHECKING
 
 from onceflow._staging import WindowStage
 from onceflow.errors import ConfigurationError, SinkError
+from onceflow.runs.restate import check_unfinished, request_of
 from onceflow.window.results import WindowResult
 
 if TYPE_CHECKING:
     from onceflow.engine import Engine
     from onceflow.ledger import Restatement, Window
-    from onceflow.window.context import JobContext
 
 # Said by every refusal made before anything was recorded.
 NOTHING_RECORDED = "Nothing was recorded; the job runs on as before."
-
-
-def request_of(request_id: str) -> str:
-    """The request a restatement's id belongs to (`<request>/w<window>` → `<request>`)."""
-    head, sep, tail = request_id.rpartition("/w")
-    return head if sep and tail.isdigit() else request_id
-
-
-def cancel_command(job: str, request_id: str) -> str:
-    """The command that cancels the unfinished restatements of `request_id`'s request."""
-    return f"onceflow restate {job} --cancel {request_of(request_id)}"
 
 
 def restate_windows(
@@ -186,27 +175,6 @@ def _restatable(engine: Engine, window_ids: Sequence[int]) -> list[Window]:
             except SinkError as exc:
                 raise SinkError(f"job {job}: {exc.message} {NOTHING_RECORDED}") from None
     return windows
-
-
-def check_unfinished(engine: JobContext, todo: Sequence[tuple[Window, int]]) -> None:
-    """Raise SinkError, naming the command that cancels it, if an unfinished restatement
-    cannot be applied (a sink changed since it was planned, say): checked before any of them
-    changes a sink, and before a new request is recorded behind it."""
-    if not todo:
-        return
-    job = engine.job.name
-    requests = {seq: rid for seq, _, rid in engine.ledger.pending_restatements()}
-    for window, seq in todo:
-        for group in engine.groups:
-            try:
-                group.check_restate(window)
-            except SinkError as exc:
-                rid = requests.get(seq, "")
-                raise SinkError(
-                    f"job {job}: the unfinished restatement of window {window.window_id} (seq "
-                    f"{seq}, request {request_of(rid)}) cannot be applied: {exc.message} Cancel "
-                    f"it with `{cancel_command(job, rid)}`, then run the job again."
-                ) from None
 
 
 @dataclass

@@ -11,13 +11,28 @@ same atomic commit.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 if TYPE_CHECKING:
     import psycopg
 
-    from onceflow.ledger import Ledger
+T = TypeVar("T")
+
+
+class LedgerAccess(Protocol):
+    """What the sink state uses of `onceflow.ledger.Ledger` (the ledger creates this module's
+    table, so the type is stated here rather than imported)."""
+
+    job: str
+
+    def read(self, what: str, query: Callable[[psycopg.Connection], T]) -> T: ...
+
+    def write(
+        self, what: str, work: Callable[[psycopg.Connection], T], epoch: int | None = None
+    ) -> T: ...
+
 
 DDL = """
 CREATE TABLE IF NOT EXISTS onceflow.sink_tables (
@@ -48,7 +63,7 @@ class Expected:
 class SinkState:
     """The ledger's record of one job's sinks: identities and what each must hold."""
 
-    def __init__(self, ledger: Ledger) -> None:
+    def __init__(self, ledger: LedgerAccess) -> None:
         self.ledger = ledger
         self.job = ledger.job
 

@@ -3,51 +3,17 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from onceflow.errors import ConfigurationError
+from onceflow.runs.changed import changed_input, changed_input_message
 from onceflow.sources.base import ChangedUnit
 
 if TYPE_CHECKING:
     from onceflow.engine import Engine
-    from onceflow.ledger import Window
-    from onceflow.window.context import JobContext
 
 _log = logging.getLogger(__name__)
-
-# How many changed files a message names (the status JSON lists them all).
-NAMED_CHANGES = 3
-
-
-def changed_input(engine: JobContext, windows: Sequence[Window] | None = None) -> list[ChangedUnit]:
-    """Input of completed windows that changed after they committed (size or modification
-    time differs from the window's offsets): the job never reads it again, so its new
-    content is not delivered. Files that are gone are not listed."""
-    every = engine.ledger.windows() if windows is None else windows
-    committed = {w.window_id: w.offsets for w in every if w.completed and w.skipped is None}
-    return engine.job.source.changed_after_commit(engine.settings, committed)
-
-
-def changed_input_message(job: str, changed: Sequence[ChangedUnit]) -> str:
-    """What a warning about `changed` says: which files, and what to do."""
-    named = "; ".join(c.describe() for c in changed[:NAMED_CHANGES])
-    more = f" and {len(changed) - NAMED_CHANGES} more" if len(changed) > NAMED_CHANGES else ""
-    return (
-        f"job {job}: {len(changed)} input file(s) changed after their window committed: "
-        f"{named}{more}. onceflow reads each file once, so the change is not delivered. Land "
-        "added records in a new file; restore the changed file (or remove it: a removed "
-        f"committed file is not reported). `onceflow status {job} --json` lists them all."
-    )
-
-
-def warn_changed_input(engine: JobContext) -> list[ChangedUnit]:
-    """Log a warning when committed input changed (at the start of a run)."""
-    changed = changed_input(engine)
-    if changed:
-        _log.warning("%s", changed_input_message(engine.job.name, changed))
-    return changed
 
 
 def source_problem(engine: Engine) -> str | None:
@@ -170,7 +136,7 @@ def job_status(engine: Engine, lineage_windows: int = RECENT_WINDOWS) -> dict[st
     """The job's state, as plain data (JSON-serialisable): epoch, sinks' commit state, lag,
     recent windows, and the newest `lineage_windows` rows of `onceflow.lineage`."""
     from onceflow.lineage import lineage
-    from onceflow.restate import cancel_command, request_of
+    from onceflow.runs.restate import cancel_command, request_of
 
     engine.prepare()
     ledger = engine.ledger

@@ -135,7 +135,11 @@ def test_a_parquet_job_with_every_sink_mode(
     _assert_exact(pg_dsn, lake, _expected(batches[:2]))
     # The PostgreSQL sinks commit each window in one transaction: one xid for both.
     for window in first.windows:
-        assert window.sinks["pg_events"].xid == window.sinks["pg_team_totals"].xid is not None
+        assert (
+            window.sinks["pg_events"].commit_ref
+            == window.sinks["pg_team_totals"].commit_ref
+            is not None
+        )
 
     _land(landing, "b2.parquet", batches[2])
     assert [w.window_id for w in engine.run().windows] == [3]

@@ -17,8 +17,8 @@ from onceflow.generate import generate_payments
 from onceflow.jobs.payments import PAYMENTS
 from onceflow.settings import Settings
 from onceflow.sinks.delta import DeltaTableSink
-from onceflow.sinks.delta.table import spark_schema_to_arrow
 from onceflow.sinks.postgres.commit import Transaction
+from onceflow.sinks.writers import spark_schema_to_arrow
 from tests.support.oracle import expected_outputs
 from tests.support.outputs import actual_outputs, assert_exact
 from tests.support.pgproxy import PgProxy
@@ -110,7 +110,7 @@ def test_end_to_end_equals_oracle_and_rerun_changes_nothing(
 
 
 def test_proxy_swallows_the_answer_of_a_committed_transaction(pg_dsn: str) -> None:
-    from onceflow.sinks.postgres.commit import PROTOCOL_DDL
+    from onceflow.sinks.postgres._markers import PROTOCOL_DDL
 
     with psycopg.connect(pg_dsn) as conn:
         conn.execute(PROTOCOL_DDL)

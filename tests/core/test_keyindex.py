@@ -13,15 +13,8 @@ import pytest
 from deltalake import DeltaTable
 from psycopg import sql
 
-from onceflow._keyindex import (
-    KEY_COL,
-    LOOKUP_SETTINGS,
-    SEEN_COL,
-    Basis,
-    KeyIndex,
-    key_strings,
-    text_array,
-)
+from onceflow._keyindex import Basis, KeyIndex
+from onceflow._keylookup import KEY_COL, LOOKUP_SETTINGS, SEEN_COL, key_strings, text_array
 from onceflow.engine import build_engine
 from onceflow.errors import SourceError
 from onceflow.generate import generate_payments

@@ -57,11 +57,11 @@ def test_lineage_rows_match_the_ledger_the_delta_log_and_the_transactions(
                 stats["quarantined"],
             )
             assert row.rows_by_output == stats["outputs"]
-            assert row.delta_versions == {"lake_payments": delta[row.window_id]}
+            assert row.data_versions == {"lake_payments": delta[row.window_id]}
             # One transaction commits a window to every PostgreSQL sink, and it is the one that
             # wrote the window's rows (their xmin; a fresh database, so xid epoch 0).
-            assert set(row.pg_xids) == set(PG_SINKS)
-            (xid,) = set(row.pg_xids.values())
+            assert set(row.commit_refs) == set(PG_SINKS)
+            (xid,) = set(row.commit_refs.values())
             writers = conn.execute(
                 "SELECT DISTINCT xmin::text FROM onceflow.quarantine WHERE job = %s AND"
                 " window_id = %s UNION SELECT DISTINCT xmin::text FROM payments"
@@ -69,7 +69,7 @@ def test_lineage_rows_match_the_ledger_the_delta_log_and_the_transactions(
                 (JOB, row.window_id, row.window_id),
             ).fetchall()
             assert writers == [(xid,)]
-            assert row.pg_rows["pg_quarantine"] == row.quarantined
+            assert row.rows_committed["pg_quarantine"] == row.quarantined
 
     report = validate_job(engine)
     assert report.passed
@@ -133,8 +133,8 @@ def test_status_json_holds_the_lineage_without_spark(
     expected = [r.as_json() for r in lineage(pg_dsn, JOB)]
     assert status["lineage"] == json.loads(json.dumps(expected))
     assert [r["window_id"] for r in status["lineage"]] == [2, 1]
-    assert status["lineage"][0]["delta_versions"]["lake_payments"] >= 1
-    assert set(status["lineage"][0]["pg_xids"]) == set(PG_SINKS)
+    assert status["lineage"][0]["data_versions"]["lake_payments"] >= 1
+    assert set(status["lineage"][0]["commit_refs"]) == set(PG_SINKS)
     # The DSN's credentials never reach the output.
     password = psycopg.conninfo.conninfo_to_dict(pg_dsn).get("password")
     if password:

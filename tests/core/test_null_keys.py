@@ -217,7 +217,7 @@ def test_null_dedupe_keys_follow_one_rule_through_run_reconcile_validate_and_res
 
 @pytest.mark.parametrize("text", ["None", "null", "NULL", "", "[null]", '["eu", null]'])
 def test_no_key_text_is_taken_for_a_null(text: str) -> None:
-    from onceflow._keyindex import key_strings
+    from onceflow._keylookup import key_strings
 
     one = pa.RecordBatch.from_pydict({"k": [text, None]})
     assert key_strings(one, ["k"]).to_pylist() == [text, None]

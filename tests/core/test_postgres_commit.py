@@ -11,17 +11,16 @@ import pyarrow.csv as pacsv
 import pytest
 from psycopg import sql
 
-from onceflow.sinks.postgres.commit import (
-    PROTOCOL_DDL,
-    CopyWriter,
-    _accumulate,
-    _contribution,
-    _key_is_unique,
-    _save_contribution,
-    _summed,
-    _utc_as_text,
+from onceflow._pgcopy import CopyWriter, _utc_as_text
+from onceflow.sinks.postgres._accumulate import (
+    accumulate,
+    contribution,
     has_contribution,
+    key_is_unique,
+    save_contribution,
+    summed,
 )
+from onceflow.sinks.postgres._markers import PROTOCOL_DDL
 from onceflow.sinks.postgres.spec import PostgresSink
 
 BALANCES = PostgresSink(
@@ -89,7 +88,7 @@ def _stage(conn: psycopg.Connection, rows: list[tuple[str, str, int, int]]) -> N
 def _read(
     conn: psycopg.Connection, window_id: int, sink: str = BALANCES.name
 ) -> list[tuple[object, ...]]:
-    relation = _contribution(dataclasses.replace(BALANCES, name=sink), "j", window_id)
+    relation = contribution(dataclasses.replace(BALANCES, name=sink), "j", window_id)
     return conn.execute(sql.SQL("SELECT * FROM {} AS c ORDER BY 1, 2").format(relation)).fetchall()
 
 
@@ -99,14 +98,14 @@ def test_a_window_contributes_one_row_per_key_and_saving_it_again_replaces_it(
     with psycopg.connect(pg_dsn) as conn:
         conn.execute(PROTOCOL_DDL)
         _stage(conn, [("m1", "EUR", 5, 1), ("m1", "EUR", 7, 1), ("m2", "USD", -3, 1)])
-        _save_contribution(conn, BALANCES, STAGING, "j", 4)
+        save_contribution(conn, BALANCES, STAGING, "j", 4)
         first = _read(conn, 4)
         assert first == [("m1", "EUR", 12, 2), ("m2", "USD", -3, 1)]
         # The same window saved again (a replay): its rows are replaced, not added.
-        _save_contribution(conn, BALANCES, STAGING, "j", 4)
+        save_contribution(conn, BALANCES, STAGING, "j", 4)
         assert _read(conn, 4) == first
         _stage(conn, [("m1", "EUR", 1, 1)])
-        _save_contribution(conn, BALANCES, STAGING, "j", 5)
+        save_contribution(conn, BALANCES, STAGING, "j", 5)
         assert _read(conn, 5) == [("m1", "EUR", 1, 1)]
         assert _read(conn, 4) == first
         assert has_contribution(conn, "j", "balances", 5)
@@ -120,7 +119,7 @@ def test_a_window_contributes_one_row_per_key_and_saving_it_again_replaces_it(
             (5, [["m1"], ["EUR"]], [[1], [1]]),
         ]
         _stage(conn, [])  # a window that adds nothing records nothing
-        _save_contribution(conn, BALANCES, STAGING, "j", 6)
+        save_contribution(conn, BALANCES, STAGING, "j", 6)
         assert _read(conn, 6) == []
         assert not has_contribution(conn, "j", "balances", 6)
 
@@ -143,7 +142,7 @@ def test_contributions_of_earlier_versions_are_read_and_replaced(pg_dsn: str) ->
         assert _read(conn, 1) == [("m1", "EUR", 5, 1), ("m2", "USD", -4, 2)]
         assert has_contribution(conn, "j", "balances", 1)
         _stage(conn, [("m3", "GBP", 8, 1)])
-        _save_contribution(conn, BALANCES, STAGING, "j", 1)  # a restatement records it anew
+        save_contribution(conn, BALANCES, STAGING, "j", 1)  # a restatement records it anew
         assert _read(conn, 1) == [("m3", "GBP", 8, 1)]
         left = conn.execute("SELECT count(*) FROM onceflow.contributions").fetchone()
         assert left == (0,)
@@ -178,11 +177,11 @@ def test_keys_of_every_type_read_back_as_they_were(pg_dsn: str) -> None:
         conn.execute(sql.SQL("INSERT INTO {} VALUES (%s, %s, %s, %s, %s)").format(STAGING), row)
         conn.execute("SET DateStyle = 'SQL, MDY'")
         conn.execute("SET TimeZone = 'America/Chicago'")
-        _save_contribution(conn, spec, STAGING, "j", 1)
+        save_contribution(conn, spec, STAGING, "j", 1)
         conn.execute("SET DateStyle = 'German'")
         conn.execute("SET TimeZone = 'Asia/Tokyo'")
         # Compared in the server, under the other settings: the keys are cast back there.
-        relation = _contribution(spec, "j", 1)
+        relation = contribution(spec, "j", 1)
         differ = conn.execute(
             sql.SQL(
                 "SELECT (SELECT count(*) FROM {rel} AS c),"
@@ -219,10 +218,10 @@ def test_the_key_is_unique_only_for_an_index_on_conflict_can_use(pg_dsn: str) ->
     with psycopg.connect(pg_dsn) as conn:
         for extra, unique in cases.items():
             spec = _balances_table(conn, "acc_target", extra)
-            assert _key_is_unique(conn, spec) is unique, extra
+            assert key_is_unique(conn, spec) is unique, extra
         spec = _balances_table(conn, "acc_target", "")
         conn.execute("CREATE UNIQUE INDEX ON acc_target (merchant_id, currency) WHERE n > 0")
-        assert not _key_is_unique(conn, spec)  # partial: ON CONFLICT cannot infer it
+        assert not key_is_unique(conn, spec)  # partial: ON CONFLICT cannot infer it
         conn.rollback()
 
 
@@ -248,7 +247,7 @@ def test_accumulating_gives_the_same_table_with_or_without_a_unique_key(pg_dsn: 
                 # Each window's contribution is recorded by the same pass (once: the window
                 # past the column's range takes the second path after the first rolled back).
                 results.append(
-                    _accumulate(conn, spec, _summed(spec, STAGING), record=("j", window_id))
+                    accumulate(conn, spec, summed(spec, STAGING), record=("j", window_id))
                 )
             outcomes[extra] = results
             tables[extra] = conn.execute("SELECT * FROM acc_target ORDER BY 1, 2").fetchall()

@@ -19,14 +19,10 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from psycopg import sql
 
 from onceflow.ledger import Ledger
-from onceflow.quality import (
-    DeltaTableTarget,
-    PostgresTableTarget,
-    SumConsistency,
-    ValidationReport,
-    validate,
-)
+from onceflow.quality import ValidationReport, validate
 from onceflow.quality._gx import sqlalchemy_url
+from onceflow.sinks.delta._quality import DeltaTableTarget
+from onceflow.sinks.postgres._quality import PostgresTableTarget, SumConsistency
 
 JOB = "payments"
 APP_ID = "onceflow/payments/lake_payments"

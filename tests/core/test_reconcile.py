@@ -277,7 +277,8 @@ def test_refuses_when_delta_forgets_windows_before_the_replay_horizon(
 
     # A saved xid too old for pg_xact_status (here: one long frozen) never decides anything:
     # the commit marker does, present or absent.
-    from onceflow.sinks.postgres.commit import Marker, Transaction
+    from onceflow.sinks.postgres._markers import Marker
+    from onceflow.sinks.postgres.commit import Transaction
 
     tx = Transaction("payments", pg_dsn, engine.ledger)
     epoch = engine.ledger.current_epoch() or 0

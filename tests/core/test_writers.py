@@ -13,7 +13,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from onceflow import _window_params as window_params
-from onceflow.sinks.delta.table import spark_schema_to_arrow
 from onceflow.sinks.writers import (
     WRITERS_PARAM,
     ParquetFileWriter,
@@ -22,6 +21,7 @@ from onceflow.sinks.writers import (
     close_all,
     rows_written,
     run_writers,
+    spark_schema_to_arrow,
 )
 from onceflow.storage import Location
 

@@ -242,8 +242,10 @@ def _assert_catalog_metadata(
         for record in table.records:
             row = rows[record.data["window"]]
             assert record.data["rows_in"] == row.rows_in
-            version, xid = row.delta_versions.get(sink), row.pg_xids.get(sink)
-            assert record.data["commit"] == (f"v{version}" if version is not None else f"xid {xid}")
+            version, ref = row.data_versions.get(sink), row.commit_refs.get(sink)
+            assert record.data["commit"] == (
+                f"v{version}" if version is not None else f"commit {ref}"
+            )
             assert record.data["state"] == "completed"
         # Narrow enough for the asset page; the full view is named.
         assert len(table.schema.columns) <= 6

@@ -29,7 +29,7 @@ def recompute(
         ConfigurationError: A window never planned, skipped, held by some sink, or whose input
             is gone (nothing changed).
     """
-    from onceflow.windows import recompute_windows
+    from onceflow.runs.windows import recompute_windows
 
     engine = open_engine(job, settings, dsn=dsn)
     done = recompute_windows(engine, list(window_ids), run_id)
@@ -53,7 +53,7 @@ def abandon(
         ConfigurationError: No reason; a window never planned, skipped, pending, held by every
             sink, or whose input is still readable (reconcile replays it then).
     """
-    from onceflow.windows import abandon_windows
+    from onceflow.runs.windows import abandon_windows
 
     engine = open_engine(job, settings, dsn=dsn)
     done = abandon_windows(engine, list(window_ids), reason, run_id)

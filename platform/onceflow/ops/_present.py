@@ -9,20 +9,14 @@ from __future__ import annotations
 from onceflow.engine import DEFAULT_MAX_UNITS_PER_WINDOW
 from onceflow.errors import is_terminal, needs_recovery
 from onceflow.lineage import LineageRow
-from onceflow.postgres import describe_dsn, redact, release_embedded, resolve_dsn
+from onceflow.postgres import describe_dsn, redact, refusal_details, release_embedded, resolve_dsn
 from onceflow.progress import Progress
 from onceflow.reconcile import ReconcileReport, format_report
-from onceflow.restate import cancel_command, request_of
-from onceflow.sinks import TableFacts
-from onceflow.sinks.postgres._columns import refusal_details
+from onceflow.runs.changed import changed_input_message
+from onceflow.runs.restate import cancel_command, request_of
+from onceflow.sinks.contract import TableFacts
 from onceflow.spark import debug_enabled
-from onceflow.status import (
-    Freshness,
-    OpenItems,
-    PendingWork,
-    changed_input_message,
-    format_status,
-)
+from onceflow.status import Freshness, OpenItems, PendingWork, format_status
 from onceflow.windows import format_windows, parse_windows
 
 __all__ = [

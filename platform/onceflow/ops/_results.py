@@ -73,8 +73,8 @@ class WindowDone:
                 o.committed,
                 o.already_committed,
                 o.rows,
-                o.delta_version,
-                o.xid,
+                o.data_version,
+                o.commit_ref,
                 o.latency_s,
             )
             for name, o in result.sinks.items()

@@ -1,15 +1,17 @@
-"""Great Expectations suites that prove a job's sinks hold no duplicates and lost nothing."""
+"""Great Expectations suites that prove a job's sinks hold no duplicates and lost nothing.
+
+Each kind of sink defines its own targets (`SinkGroup.quality_targets`); they check themselves.
+"""
 
 from __future__ import annotations
 
-from onceflow.quality.suites import DeltaTableTarget, PostgresTableTarget, SumConsistency, Target
-from onceflow.quality.validate import CheckResult, ValidationReport, validate
+from onceflow.quality.results import CheckResult, ValidationReport
+from onceflow.quality.target import CheckRun, Target
+from onceflow.quality.validate import validate
 
 __all__ = [
     "CheckResult",
-    "DeltaTableTarget",
-    "PostgresTableTarget",
-    "SumConsistency",
+    "CheckRun",
     "Target",
     "ValidationReport",
     "validate",

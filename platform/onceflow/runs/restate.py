@@ -6,10 +6,43 @@ import time
 from collections.abc import Sequence
 
 from onceflow import faults
+from onceflow.errors import SinkError
 from onceflow.ledger import Window
 from onceflow.window.compute import outputs
 from onceflow.window.context import JobContext
-from onceflow.window.results import WindowResult, versions
+from onceflow.window.results import WindowResult, commits
+
+
+def request_of(request_id: str) -> str:
+    """The request a restatement's id belongs to (`<request>/w<window>` → `<request>`)."""
+    head, sep, tail = request_id.rpartition("/w")
+    return head if sep and tail.isdigit() else request_id
+
+
+def cancel_command(job: str, request_id: str) -> str:
+    """The command that cancels the unfinished restatements of `request_id`'s request."""
+    return f"onceflow restate {job} --cancel {request_of(request_id)}"
+
+
+def check_unfinished(engine: JobContext, todo: Sequence[tuple[Window, int]]) -> None:
+    """Raise SinkError, naming the command that cancels it, if an unfinished restatement
+    cannot be applied (a sink changed since it was planned, say): checked before any of them
+    changes a sink, and before a new request is recorded behind it."""
+    if not todo:
+        return
+    job = engine.job.name
+    requests = {seq: rid for seq, _, rid in engine.ledger.pending_restatements()}
+    for window, seq in todo:
+        for group in engine.groups:
+            try:
+                group.check_restate(window)
+            except SinkError as exc:
+                rid = requests.get(seq, "")
+                raise SinkError(
+                    f"job {job}: the unfinished restatement of window {window.window_id} (seq "
+                    f"{seq}, request {request_of(rid)}) cannot be applied: {exc.message} Cancel "
+                    f"it with `{cancel_command(job, rid)}`, then run the job again."
+                ) from None
 
 
 def planned_restatements(ctx: JobContext) -> list[tuple[Window, int]]:
@@ -26,8 +59,6 @@ def restate(
     ctx: JobContext, todo: Sequence[tuple[Window, int]], epoch: int, run_id: str
 ) -> list[WindowResult]:
     """Apply planned restatements: every check first, then each window in every sink."""
-    from onceflow.restate import check_unfinished
-
     check_unfinished(ctx, todo)
     results = []
     for window, seq in todo:
@@ -45,7 +76,7 @@ def restate(
         faults.point("restated", window.window_id)
         result.visible_s = time.monotonic() - t0
         ctx.ledger.record_stats(window.window_id, result.stats)
-        ctx.ledger.complete_restatement(seq, window.window_id, versions(result.sinks))
+        ctx.ledger.complete_restatement(seq, window.window_id, commits(result.sinks))
         stage.discard()
         result.latency_s = time.monotonic() - t0
         results.append(result)

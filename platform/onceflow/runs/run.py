@@ -8,9 +8,9 @@ import uuid
 from collections.abc import Callable
 
 from onceflow.errors import ConfigurationError
+from onceflow.runs.changed import warn_changed_input
 from onceflow.runs.holds import check_sinks_hold_completed
 from onceflow.runs.restate import planned_restatements, restate
-from onceflow.status import warn_changed_input
 from onceflow.window.context import JobContext
 from onceflow.window.pipeline import process
 from onceflow.window.plan import plan

@@ -13,77 +13,28 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from onceflow._identifiers import check_identifier
-from onceflow.sinks.writers import PartitionWriter
+from onceflow.sinks.contract import (
+    ReconcileScope,
+    RecordedWindow,
+    SinkOutcome,
+    SinkReconcile,
+    TableFacts,
+    WindowWrite,
+)
+from onceflow.sinks.spec import SinkSpec
 from onceflow.storage import Location
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from onceflow._diff import Diff, DiffSample
     from onceflow.job import Job
     from onceflow.ledger import Ledger, Window
-    from onceflow.quality import Target
+    from onceflow.quality.target import Target
     from onceflow.settings import Settings
-
-
-@dataclass(frozen=True)
-class SinkOutcome:
-    """What one sink did with one window (or one restatement of it)."""
-
-    sink: str
-    committed: bool  # this run wrote the window
-    already_committed: bool  # the sink held it before
-    rows: int = 0
-    delta_version: int | None = None
-    xid: str | None = None
-    latency_s: float = 0.0
-
-
-@dataclass(frozen=True)
-class TableFacts:
-    """What a data catalog shows of one sink's table, never credentials.
-
-    Attributes:
-        uri: Where the table is: a Delta table's location, `postgresql://host/db/schema.table`.
-        columns: (name, type) of its columns, in table order (empty before it exists).
-        row_count: Rows it holds now (for a shared table, this job's rows); None if unknown.
-        row_count_estimated: `row_count` is the database's estimate, not a count (large
-            tables, where counting would read the whole table on every run).
-    """
-
-    uri: str
-    columns: tuple[tuple[str, str], ...]
-    row_count: int | None
-    row_count_estimated: bool = False
-
-
-@dataclass
-class WindowWrite:
-    """A group's part of one window's write, between `SinkGroup.begin` and `SinkGroup.finish`.
-
-    Attributes:
-        sinks: The group's sinks this write commits the window to.
-        writers: What the executors write for them (staged, invisible until `finish` commits).
-        state: The group's own bookkeeping (staging table names, …).
-    """
-
-    sinks: list[str]
-    writers: list[PartitionWriter] = field(default_factory=list)
-    state: Any = None
-
-
-@dataclass(frozen=True)
-class RecordedWindow:
-    """A window as a sink's own commit record tells it (to rebuild a lost ledger)."""
-
-    window_id: int
-    offsets: dict[str, Any]
-    epoch: int
 
 
 @dataclass(frozen=True)
@@ -96,94 +47,6 @@ class SinkContext:
     ledger: Ledger
 
 
-@dataclass(frozen=True)
-class ReconcileScope:
-    """Which windows a reconcile compares in one sink.
-
-    Attributes:
-        unverifiable: Windows whose input is gone: their rows are left alone.
-        since: Rows of windows up to this one were verified before (incremental mode).
-        windows: Every window the ledger has planned.
-    """
-
-    unverifiable: frozenset[int]
-    since: int
-    windows: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class SinkReconcile:
-    """What a reconcile found (and repaired) in one sink."""
-
-    diff: Diff | None
-    skipped: str | None  # why the sink was not compared
-    committed: frozenset[int]  # windows the sink holds
-    compared: frozenset[int]  # windows whose rows were compared one by one
-    samples: tuple[DiffSample, ...] = ()  # the first differences, by key only
-
-
-@dataclass(frozen=True)
-class SinkSpec(ABC):
-    """One output of a job and where it goes. Subclasses are the sink kinds.
-
-    Attributes:
-        name: The sink's name: an identifier, unique among every job's sinks (it is the asset
-            key in Dagster and keys the sink's commit records).
-        output: The name of the transform output this sink receives.
-    """
-
-    name: str
-    output: str
-
-    #: The kind's name (`delta`, `postgres`), shown in status and the UI.
-    kind: ClassVar[str] = "sink"
-    #: Whether `SinkGroup.seen_keys` works for this kind (first-occurrence dedupe state).
-    holds_dedupe_state: ClassVar[bool] = False
-
-    def __post_init__(self) -> None:
-        check_identifier(self.name, "sink name")
-        check_identifier(self.output, f"sink {self.name}: output")
-
-    @classmethod
-    @abstractmethod
-    def open_groups(cls, specs: Sequence[SinkSpec], ctx: SinkContext) -> list[SinkGroup]:
-        """Open this kind's sinks of one job as the groups that commit together."""
-
-    @abstractmethod
-    def describe(self) -> str:
-        """One line saying where the sink writes (no credentials)."""
-
-    @property
-    def lake_table(self) -> str | None:
-        """The table under the lake root this sink writes, if any (for lineage between jobs)."""
-        return None
-
-    @property
-    def table_name(self) -> str | None:
-        """The table's name as a data catalog shows it (no credentials): by default the table
-        under the lake root, if any."""
-        return self.lake_table
-
-    def declared_columns(self) -> tuple[tuple[str, str], ...]:
-        """(name, type) of the columns the job declares for this sink (empty when its columns
-        follow the transform's output and are known only once written)."""
-        return ()
-
-    @property
-    def untyped_columns(self) -> list[str]:
-        """Columns declared without a type, to take the type of the source's column."""
-        return []
-
-    def typed(self, types: Mapping[str, str]) -> SinkSpec:
-        """This sink with its untyped columns typed from `types` (the source's columns)."""
-        return self
-
-    @property
-    def is_quarantine_table(self) -> bool:
-        """Whether the sink writes the shared quarantine table (`quarantine_table()`)."""
-        return False
-
-
 class SinkGroup(ABC):
     """Sinks of one kind that a window is committed to together, with their whole protocol."""
 
@@ -191,6 +54,9 @@ class SinkGroup(ABC):
     specs: tuple[SinkSpec, ...]
     #: Its commit records name every window it committed for good (nothing cleans them up).
     keeps_window_records: ClassVar[bool] = False
+    #: The fault point (`onceflow.faults`) right after it committed a window, before the next
+    #: group: crash tests stop a run there.
+    fault_after_commit: ClassVar[str]
 
     @property
     def names(self) -> list[str]:
@@ -373,3 +239,16 @@ class SinkGroup(ABC):
     @abstractmethod
     def status(self) -> dict[str, dict[str, Any]]:
         """For each sink, plain facts for `onceflow status` (JSON-serialisable)."""
+
+
+__all__ = [
+    "ReconcileScope",
+    "RecordedWindow",
+    "SinkContext",
+    "SinkGroup",
+    "SinkOutcome",
+    "SinkReconcile",
+    "SinkSpec",
+    "TableFacts",
+    "WindowWrite",
+]

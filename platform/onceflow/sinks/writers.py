@@ -376,3 +376,10 @@ class _FileHandle(PartitionHandle):
             "size": size,
             "modified_ms": int(time.time() * 1000),
         }
+
+
+def spark_schema_to_arrow(df: DataFrame) -> pa.Schema:
+    """The Arrow schema the executors write `df`'s rows with (timestamps in UTC)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(df.schema, timezone="UTC")

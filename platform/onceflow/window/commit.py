@@ -8,7 +8,7 @@ from onceflow import faults
 from onceflow.window.complete import complete
 from onceflow.window.context import JobContext
 from onceflow.window.prepare import Prepared, drop_keys
-from onceflow.window.results import WindowResult, versions
+from onceflow.window.results import WindowResult, commits
 
 
 def commit(ctx: JobContext, prepared: Prepared, keep_keys: bool = False) -> WindowResult:
@@ -32,12 +32,12 @@ def commit(ctx: JobContext, prepared: Prepared, keep_keys: bool = False) -> Wind
                     run_id=run_id, exactly_once=ctx.exactly_once,
                 )  # fmt: skip
             result.sinks.update(outcomes)
-            faults.point(f"after_{group.kind}", window.window_id)
+            faults.point(group.fault_after_commit, window.window_id)
         faults.point("after_commits", window.window_id)
         result.visible_s = time.monotonic() - prepared.started
         if ctx.exactly_once:
             ctx.ledger.check_epoch(epoch)
-        complete(ctx, window.window_id, prepared.keys, prepared.results, versions(result.sinks))
+        complete(ctx, window.window_id, prepared.keys, prepared.results, commits(result.sinks))
     finally:
         out.release()
         if not keep_keys:

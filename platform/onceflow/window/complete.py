@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from onceflow.sinks.postgres.commit import CopyWriter
+from onceflow._pgcopy import CopyWriter
+from onceflow.sinks.contract import SinkOutcome
 from onceflow.sinks.writers import rows_written
 from onceflow.window.context import JobContext
 
@@ -18,20 +19,20 @@ def complete(
     window_id: int,
     keys: CopyWriter | None,
     results: Mapping[str, list[dict[str, Any]]],
-    versions: Mapping[str, int] | None = None,
+    commits: Sequence[SinkOutcome] = (),
 ) -> bool:
     """Mark the window completed, moving its staged dedupe keys into the key index in the
-    same transaction (and recording the sinks' `versions` holding it, for lineage); False
+    same transaction (and recording the sink `commits` that wrote it, for lineage); False
     if the keys were lost (the next window indexes them from the state sink)."""
     index = ctx.index
     if keys is None or index is None or keys.key not in results:
-        ctx.ledger.mark_completed(window_id, versions=versions)
+        ctx.ledger.mark_completed(window_id, commits=commits)
         return index is None
     rows = rows_written(results[keys.key])
     indexed = ctx.ledger.mark_completed(
         window_id,
         also=lambda conn: index.add(conn, keys.table, [window_id], rows),
-        versions=versions,
+        commits=commits,
     )
     if not indexed:
         _log.warning("window %d: its staged dedupe keys were lost", window_id)

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 from onceflow import _window_params as window_params
 from onceflow._compute import Computed, compute
 from onceflow._identifiers import spark_sql_name
-from onceflow._keyindex import KEY_COL, Basis, StagedKeys
+from onceflow._keyindex import Basis, StagedKeys
+from onceflow._keylookup import KEY_COL
 from onceflow._staging import WindowStage
 from onceflow.errors import ConfigurationError
 from onceflow.ledger import Window

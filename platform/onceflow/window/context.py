@@ -15,7 +15,8 @@ from onceflow.errors import ConfigurationError, LedgerError
 from onceflow.job import Guarantee, Job
 from onceflow.ledger import Ledger, Window
 from onceflow.settings import Settings
-from onceflow.sinks import SinkContext, SinkGroup, open_groups
+from onceflow.sinks.base import SinkContext, SinkGroup
+from onceflow.sinks.registry import open_groups
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

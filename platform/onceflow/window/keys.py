@@ -6,7 +6,8 @@ import logging
 from typing import Any
 
 from onceflow._identifiers import session_name
-from onceflow._keyindex import Basis, IndexState, key_frame, spans
+from onceflow._keyindex import Basis, IndexState, spans
+from onceflow._keylookup import key_frame
 from onceflow.errors import LedgerError, SinkStateError, TransientSinkError
 from onceflow.sinks.writers import rows_written, run_writers
 from onceflow.window.context import JobContext

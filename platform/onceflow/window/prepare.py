@@ -14,12 +14,12 @@ from typing import Any
 from onceflow import faults
 from onceflow._identifiers import session_name
 from onceflow._keyindex import StagedKeys
+from onceflow._pgcopy import CopyWriter
 from onceflow._staging import WindowStage
 from onceflow.errors import LedgerError, TransientSinkError
 from onceflow.ledger import Window
-from onceflow.sinks import SinkGroup, SinkOutcome
-from onceflow.sinks.base import WindowWrite
-from onceflow.sinks.postgres.commit import CopyWriter
+from onceflow.sinks.base import SinkGroup, WindowWrite
+from onceflow.sinks.contract import SinkOutcome
 from onceflow.sinks.writers import PartitionWriter, WritersPlan, rows_written, run_writers
 from onceflow.window.compute import confirm, outputs
 from onceflow.window.context import JobContext

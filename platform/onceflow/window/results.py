@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from onceflow.sinks import SinkOutcome
+from onceflow.sinks.contract import SinkOutcome
 
 
 @dataclass
@@ -66,10 +66,7 @@ class BackfillResult:
     notes: list[str] = field(default_factory=list)
 
 
-def versions(outcomes: Mapping[str, SinkOutcome]) -> dict[str, int]:
-    """The data versions (Delta table versions) this run's commits made, by sink."""
-    return {
-        name: o.delta_version
-        for name, o in outcomes.items()
-        if o.committed and o.delta_version is not None
-    }
+def commits(outcomes: Mapping[str, SinkOutcome]) -> list[SinkOutcome]:
+    """The sink commits this run made (for the ledger's record of each, which lineage reads);
+    a sink that held the window already keeps the record of the commit that wrote it."""
+    return [o for o in outcomes.values() if o.committed]

@@ -19,6 +19,7 @@ from onceflow.sinks.base import (
     SinkGroup,
     SinkOutcome,
     SinkReconcile,
+    SinkSpec,
     TableFacts,
     WindowWrite,
 )
@@ -29,8 +30,8 @@ from onceflow.sinks.delta.table import (
     DeltaCommit,
     DeltaTableSink,
     add_actions,
-    spark_schema_to_arrow,
 )
+from onceflow.sinks.writers import spark_schema_to_arrow
 from onceflow.storage import Location
 from onceflow.windows import WINDOW_COL, parse_interval
 
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
 
     from onceflow.ledger import Window
     from onceflow.maintain import Hold, Options, TableMaintained
-    from onceflow.quality import Target
+    from onceflow.quality.target import Target
 
 RETENTION_PROPERTY = "delta.setTransactionRetentionDuration"
 # Commit entries older than this are removed at a checkpoint, unless cleanup is off.
@@ -54,6 +55,12 @@ class DeltaGroup(SinkGroup):
     """One Delta sink: its table under the lake, committed once per window."""
 
     kind = "delta"
+    fault_after_commit = "after_delta"
+
+    @classmethod
+    def open_groups(cls, specs: Sequence[SinkSpec], ctx: SinkContext) -> list[SinkGroup]:
+        """Each Delta sink of a job is a group of its own (a table commits alone)."""
+        return [cls(spec, ctx) for spec in specs if isinstance(spec, DeltaSink)]
 
     def __init__(self, spec: DeltaSink, ctx: SinkContext) -> None:
         self.spec = spec
@@ -244,7 +251,7 @@ class DeltaGroup(SinkGroup):
                 committed=not commit.already_committed,
                 already_committed=commit.already_committed,
                 rows=commit.rows,
-                delta_version=commit.version,
+                data_version=commit.version,
                 latency_s=time.monotonic() - started,
             )
         }
@@ -470,7 +477,7 @@ class DeltaGroup(SinkGroup):
 
     def quality_targets(self) -> list[Target]:
         from onceflow._identifiers import delta_app_id
-        from onceflow.quality import DeltaTableTarget
+        from onceflow.sinks.delta._quality import DeltaTableTarget
 
         job = self.ctx.job
         key = job.dedupe.key if job.dedupe else ()

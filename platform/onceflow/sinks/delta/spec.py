@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
 from onceflow.errors import ConfigurationError
-from onceflow.sinks.base import SinkContext, SinkGroup, SinkSpec
+from onceflow.sinks.base import SinkSpec
 
 
 @dataclass(frozen=True)
@@ -33,12 +32,6 @@ class DeltaSink(SinkSpec):
                 f"sink {self.name}: table {self.table!r} must be a relative folder under the "
                 "lake, such as 'payments' or 'finance/payments'."
             )
-
-    @classmethod
-    def open_groups(cls, specs: Sequence[SinkSpec], ctx: SinkContext) -> list[SinkGroup]:
-        from onceflow.sinks.delta.group import DeltaGroup
-
-        return [DeltaGroup(spec, ctx) for spec in specs if isinstance(spec, DeltaSink)]
 
     def describe(self) -> str:
         return f"Delta table `{self.table}`"

@@ -33,7 +33,7 @@ from deltalake.transaction import AddAction, RemoveAction
 from onceflow._identifiers import delta_app_id, epoch_app_id, restate_app_id
 from onceflow.errors import FencedError, SinkError, SinkStateError, TransientSinkError
 from onceflow.sinks.delta._files import POST_COMMIT, add_actions, rewrite_without_window
-from onceflow.sinks.writers import ParquetFileWriter, run_writers
+from onceflow.sinks.writers import ParquetFileWriter, run_writers, spark_schema_to_arrow
 from onceflow.storage import Location
 
 if TYPE_CHECKING:
@@ -63,12 +63,6 @@ class DeltaCommit:
     version: int | None  # the table version holding the window; None if it was already there
     rows: int
     already_committed: bool
-
-
-def spark_schema_to_arrow(df: DataFrame) -> pa.Schema:
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    return to_arrow_schema(df.schema, timezone="UTC")
 
 
 class DeltaTableSink:

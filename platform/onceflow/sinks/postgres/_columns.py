@@ -182,19 +182,52 @@ def _upsert_fits(conn: psycopg.Connection, probe: sql.Identifier, spec: Postgres
     )
 
 
-def refusal_details(exc: psycopg.Error) -> str:
-    """The identifiers in the server's diagnostics of `exc` (schema, table, column, constraint,
-    data type): they name what was refused, never a row's values (which DETAIL may quote)."""
-    diag: Any = exc.diag
-    parts = []
-    table = ".".join(p for p in (diag.schema_name, diag.table_name) if p)
-    if table:
-        parts.append(f"table {table}")
-    for label, value in (
-        ("column", diag.column_name),
-        ("constraint", diag.constraint_name),
-        ("type", diag.datatype_name),
-    ):
-        if value:
-            parts.append(f"{label} {value}")
-    return ", ".join(parts)
+# Tables with more rows than this get the planner's row estimate in catalogs, not a count.
+ESTIMATE_ROWS_ABOVE = 1_000_000
+
+
+def count_rows(conn: psycopg.Connection, spec: PostgresSink, job: str) -> tuple[int, bool] | None:
+    """The rows the sink's table holds (for a shared table, `job`'s) and whether that is the
+    planner's estimate; None when the table does not exist."""
+    count = sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(spec.schema, spec.table))
+    params: tuple[Any, ...] = ()
+    if spec.job_column is not None:  # a shared table: this job's rows
+        count = sql.SQL("{} WHERE {} = %s").format(count, sql.Identifier(spec.job_column))
+        params = (job,)
+    found = conn.execute(
+        "SELECT c.reltuples FROM pg_catalog.pg_class c"
+        " JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')",
+        (spec.schema, spec.table),
+    ).fetchone()
+    if found is None:
+        return None
+    # Counting reads the whole table, on every run: past ESTIMATE_ROWS_ABOVE rows the
+    # planner's estimate stands in (a shared table has none per job).
+    if spec.job_column is None and found[0] >= ESTIMATE_ROWS_ABOVE:
+        return int(found[0]), True
+    row = conn.execute(count, params).fetchone()
+    return (int(row[0]), False) if row else None
+
+
+def create_table(conn: Any, spec: PostgresSink) -> None:
+    columns = [
+        sql.SQL("{} {}{}").format(
+            sql.Identifier(name),
+            sql.SQL(pg_type),
+            sql.SQL(" NOT NULL") if name in spec.key or name in spec.accumulate else sql.SQL(""),
+        )
+        for name, pg_type in spec.columns.items()
+    ]
+    if spec.key:
+        columns.append(
+            sql.SQL("PRIMARY KEY ({})").format(
+                sql.SQL(", ").join(sql.Identifier(k) for k in spec.key)
+            )
+        )
+    conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(spec.schema)))
+    conn.execute(
+        sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(
+            sql.Identifier(spec.schema, spec.table), sql.SQL(", ").join(columns)
+        )
+    )

@@ -27,9 +27,9 @@ from psycopg import sql
 from onceflow import faults
 from onceflow._diff import Diff, multiset_diff
 from onceflow._identifiers import session_name
+from onceflow._pgcopy import copy_frame, lock_and_count
 from onceflow.errors import CommitUnknownError, SinkError, TransientSinkError
 from onceflow.postgres import connect, is_lost_connection, retrying
-from onceflow.sinks.postgres.commit import copy_frame, lock_and_count
 from onceflow.sinks.postgres.spec import PostgresSink, arrow_type, spark_schema
 from onceflow.storage import Location
 from onceflow.windows import WINDOW_COL

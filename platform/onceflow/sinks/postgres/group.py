@@ -6,16 +6,23 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
-from functools import reduce
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from psycopg import sql
 from psycopg.rows import tuple_row
 
 from onceflow import faults
+from onceflow._pgcopy import CopyWriter
 from onceflow.errors import SinkError, TransientSinkError
 from onceflow.job import Guarantee
-from onceflow.postgres import connect, database_uri, retrying
+from onceflow.postgres import (
+    RETRY_ENV,
+    connect,
+    database_uri,
+    retry_deadline_s,
+    retry_delays,
+    retrying,
+)
 from onceflow.sink_state import SinkState
 from onceflow.sinks.base import (
     ReconcileScope,
@@ -24,36 +31,29 @@ from onceflow.sinks.base import (
     SinkGroup,
     SinkOutcome,
     SinkReconcile,
+    SinkSpec,
     TableFacts,
     WindowWrite,
 )
-from onceflow.sinks.postgres._columns import table_problems
+from onceflow.sinks.postgres._accumulate import has_contribution
+from onceflow.sinks.postgres._columns import count_rows, create_table, table_problems
+from onceflow.sinks.postgres._expected import expected_rows
+from onceflow.sinks.postgres._markers import PROTOCOL_DDL
+from onceflow.sinks.postgres._quality import quality_targets
 from onceflow.sinks.postgres._reconcile import narrow_upsert, reconcile_postgres
-from onceflow.sinks.postgres.commit import (
-    COMMIT_ATTEMPTS,
-    POSITION,
-    PROTOCOL_DDL,
-    Applied,
-    CopyWriter,
-    Staged,
-    Transaction,
-    has_contribution,
-)
-from onceflow.sinks.postgres.spec import PostgresSink, spark_schema
+from onceflow.sinks.postgres.commit import Applied, Staged, Transaction
+from onceflow.sinks.postgres.spec import PostgresSink
 from onceflow.sinks.writers import rows_written
 from onceflow.storage import Location
-from onceflow.windows import WINDOW_COL
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
     from onceflow.ledger import Window
-    from onceflow.quality import Target
+    from onceflow.quality.target import Target
 
 _log = logging.getLogger(__name__)
 
-# Tables with more rows than this get the planner's row estimate in catalogs, not a count.
-ESTIMATE_ROWS_ABOVE = 1_000_000
 
 T = TypeVar("T")
 
@@ -62,7 +62,14 @@ class PostgresGroup(SinkGroup):
     """The PostgreSQL sinks of one job: one transaction per window, one marker per sink."""
 
     kind = "postgres"
+    fault_after_commit = "after_postgres"
     keeps_window_records = True  # markers are rows
+
+    @classmethod
+    def open_groups(cls, specs: Sequence[SinkSpec], ctx: SinkContext) -> list[SinkGroup]:
+        """A job's PostgreSQL sinks are one group: one transaction commits a window to all."""
+        mine = tuple(spec for spec in specs if isinstance(spec, PostgresSink))
+        return [cls(mine, ctx)] if mine else []
 
     def __init__(self, specs: tuple[PostgresSink, ...], ctx: SinkContext) -> None:
         self.specs = specs
@@ -95,7 +102,7 @@ class PostgresGroup(SinkGroup):
                 conn.execute("SELECT pg_advisory_xact_lock(hashtext('onceflow.schema'))")
                 conn.execute(PROTOCOL_DDL)
                 for spec in self.specs:
-                    _create_table(conn, spec)
+                    create_table(conn, spec)
                 conn.commit()
 
         retrying(create, what=f"create the tables of job {self.job}", dsn=self.ctx.dsn)
@@ -321,12 +328,21 @@ class PostgresGroup(SinkGroup):
         staged: list[Staged] | None = None,
         started: float | None = None,
     ) -> dict[str, SinkOutcome]:
-        """Stage (unless `staged` already holds every sink of `todo`) and apply, again after a
-        transient failure; the markers and the fence, checked inside the transaction, decide."""
+        """Stage (unless `staged` already holds every sink of `todo`) and apply; staged again
+        when the staged rows were lost or a lock wait timed out (`TransientSinkError`), with the
+        backoff and deadline of a lost connection (`ONCEFLOW_PG_RETRY_S`). A lost connection is
+        the transaction's and the COPY's own to retry, never this loop's. The markers and the
+        fence, checked inside the transaction, decide what an attempt may still write.
+
+        Raises:
+            TransientSinkError: Staging kept failing past the deadline (retryable: the run
+                exits 75 and the orchestrator runs it again).
+        """
         started = time.monotonic() if started is None else started
         outcomes: dict[str, SinkOutcome] = {}
-        last_error: Exception | None = None
-        for attempt in range(COMMIT_ATTEMPTS):
+        delays: Callable[[], float | None] | None = None
+        attempt = 0
+        while True:
             if attempt and (exactly_once or seq is not None):
                 # A run that lost its sessions may have been fenced meanwhile: stop, don't write.
                 self.ctx.ledger.check_epoch(epoch)
@@ -359,24 +375,28 @@ class PostgresGroup(SinkGroup):
                     restate_seq=seq,
                 )
             except TransientSinkError as exc:
-                last_error = exc
+                delays = delays or retry_delays(retry_deadline_s())
+                delay = delays()
+                if delay is None:
+                    raise TransientSinkError(
+                        f"job {self.job}: window {window.window_id} could not be committed to "
+                        f"PostgreSQL within {RETRY_ENV} ({exc}); nothing was written. Run the "
+                        "job again: it resumes where this run stopped."
+                    ) from None
+                attempt += 1
                 _log.warning(
-                    "window %d: PostgreSQL attempt %d failed (%s); retrying",
+                    "window %d: PostgreSQL attempt %d failed (%s); staging again",
                     window.window_id,
-                    attempt + 1,
+                    attempt,
                     exc,
                 )
-                time.sleep(min(2**attempt, 10))
+                time.sleep(delay)
                 continue
             finally:
                 self._tx.drop(current)
             latency = time.monotonic() - started
             outcomes.update(_outcomes(applied, xid, latency))
             return outcomes
-        raise SinkError(
-            f"job {self.job}: window {window.window_id} could not be committed to PostgreSQL "
-            f"after {COMMIT_ATTEMPTS} attempts: {last_error}"
-        )
 
     # -- restatement --------------------------------------------------------------------------
 
@@ -448,11 +468,9 @@ class PostgresGroup(SinkGroup):
         workdir: Location,
     ) -> SinkReconcile:
         from pyspark.sql import functions as F
-        from pyspark.sql.types import _parse_datatype_string
 
         spec = self.by_name[sink]
         committed = frozenset(self.held(scope.windows)[sink])
-        schema = _parse_datatype_string(spark_schema(spec.columns))
         accumulate = spec.mode == "accumulate"
         window_col = spec.window_column
         if window_col is None and scope.unverifiable:
@@ -467,43 +485,7 @@ class PostgresGroup(SinkGroup):
             if scoped_upsert
             else compare
         )
-        if expected is None:
-            expected = spark.createDataFrame([], schema).withColumn(
-                WINDOW_COL, F.lit(None).cast("bigint")
-            )
-        expected = expected.where(
-            F.col(WINDOW_COL).isin(sorted(windows)) if windows else F.lit(False)
-        )
-        if accumulate:
-            others = [c for c in spec.columns if c not in spec.key and c not in spec.accumulate]
-            expected = expected.groupBy(*spec.key).agg(
-                *[F.sum(F.col(c).cast("decimal(38,0)")).alias(c) for c in spec.accumulate],
-                *[F.max_by(F.col(c), F.col(WINDOW_COL)).alias(c) for c in others],
-            )
-            # The sink deletes a row whose accumulated columns all come back to zero.
-            expected = expected.where(
-                reduce(lambda a, b: a | b, [F.col(c) != 0 for c in spec.accumulate])
-            )
-        elif spec.mode == "upsert":
-            # A key updated by a later window holds only that window's row; with `order_by`,
-            # the row of the greatest value, a tie to the later window, file and line (as
-            # `_apply` picks it).
-            from pyspark.sql import Window as W
-
-            order = [F.col(WINDOW_COL).desc()]
-            if spec.order_by is not None:
-                order = [F.col(spec.order_by).desc_nulls_last(), *order]
-                order += [F.col(c).desc_nulls_last() for c in POSITION if c in expected.columns]
-            latest = W.partitionBy(*spec.key).orderBy(*order)
-            expected = (
-                expected.withColumn("__latest", F.row_number().over(latest))
-                .where(F.col("__latest") == 1)
-                .drop("__latest")
-            )
-        expected = expected.select(
-            *[F.col(f.name).cast(f.dataType) for f in schema.fields],
-            *([F.col(WINDOW_COL)] if scoped_upsert else []),
-        )
+        expected = expected_rows(spark, spec, expected, windows, keep_window=scoped_upsert)
 
         def compared_rows(expected: DataFrame, actual: DataFrame) -> tuple[DataFrame, DataFrame]:
             if window_col is None:
@@ -552,67 +534,13 @@ class PostgresGroup(SinkGroup):
         return None
 
     def quality_targets(self) -> list[Target]:
-        from onceflow.quality import PostgresTableTarget, SumConsistency
-
-        job = self.ctx.job
-        regex: dict[str, str] = dict(job.metadata.get("regex", {}))
-        targets: list[Target] = [
-            PostgresTableTarget(
-                sink=spec.name,
-                schema=spec.schema,
-                table=spec.table,
-                key=spec.key,
-                expected_rows_from="none" if spec.mode == "accumulate" else "markers",
-                not_null=spec.key,
-                regex={c: p for c, p in regex.items() if c in spec.columns},
-                row_filter={spec.job_column: job.name} if spec.job_column else {},
-            )
-            for spec in self.specs
-            if spec.key
-        ]
-        for sink_name, rule in dict(job.metadata.get("sums", {})).items():
-            balances = self.by_name.get(sink_name)
-            source = self.by_name.get(rule["source_sink"])
-            if balances is None or source is None:
-                continue
-            targets.append(
-                SumConsistency(
-                    sink=sink_name,
-                    balances=(balances.schema, balances.table),
-                    group_keys=balances.key,
-                    total_col=rule["total"],
-                    count_col=rule["count"],
-                    source=(source.schema, source.table),
-                    amount_col=rule["amount"],
-                )
-            )
-        return targets
+        return quality_targets(self.specs, self.ctx.job)
 
     def table_facts(self, sink: str) -> TableFacts:
         spec = self.by_name[sink]
-        count = sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(spec.schema, spec.table))
-        params: tuple[Any, ...] = ()
-        if spec.job_column is not None:  # a shared table: this job's rows
-            count = sql.SQL("{} WHERE {} = %s").format(count, sql.Identifier(spec.job_column))
-            params = (self.job,)
-
-        def rows(conn: Any) -> tuple[int, bool] | None:
-            found = conn.execute(
-                "SELECT c.reltuples FROM pg_catalog.pg_class c"
-                " JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
-                " WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')",
-                (spec.schema, spec.table),
-            ).fetchone()
-            if found is None:
-                return None
-            # Counting reads the whole table, on every run: past ESTIMATE_ROWS_ABOVE rows
-            # the planner's estimate stands in (a shared table has none per job).
-            if spec.job_column is None and found[0] >= ESTIMATE_ROWS_ABOVE:
-                return int(found[0]), True
-            row = conn.execute(count, params).fetchone()
-            return (int(row[0]), False) if row else None
-
-        counted = self._read(f"count the rows of {sink}", rows)
+        counted = self._read(
+            f"count the rows of {sink}", lambda conn: count_rows(conn, spec, self.job)
+        )
         return TableFacts(
             uri=f"{database_uri(self.ctx.dsn)}/{spec.schema}.{spec.table}",
             columns=spec.declared_columns(),
@@ -648,31 +576,8 @@ def _outcomes(applied: list[Applied], xid: str | None, latency: float) -> dict[s
             committed=not a.already_committed,
             already_committed=a.already_committed,
             rows=a.rows,
-            xid=None if a.already_committed else xid,
+            commit_ref=None if a.already_committed else xid,
             latency_s=latency,
         )
         for a in applied
     }
-
-
-def _create_table(conn: Any, spec: PostgresSink) -> None:
-    columns = [
-        sql.SQL("{} {}{}").format(
-            sql.Identifier(name),
-            sql.SQL(pg_type),
-            sql.SQL(" NOT NULL") if name in spec.key or name in spec.accumulate else sql.SQL(""),
-        )
-        for name, pg_type in spec.columns.items()
-    ]
-    if spec.key:
-        columns.append(
-            sql.SQL("PRIMARY KEY ({})").format(
-                sql.SQL(", ").join(sql.Identifier(k) for k in spec.key)
-            )
-        )
-    conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(spec.schema)))
-    conn.execute(
-        sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(
-            sql.Identifier(spec.schema, spec.table), sql.SQL(", ").join(columns)
-        )
-    )

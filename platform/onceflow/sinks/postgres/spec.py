@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from onceflow._identifiers import check_identifier
 from onceflow.errors import ConfigurationError
-from onceflow.sinks.base import SinkContext, SinkGroup, SinkSpec
+from onceflow.job import QUARANTINE_FIELDS
+from onceflow.sinks.base import SinkSpec
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -198,13 +199,6 @@ class PostgresSink(SinkSpec):
                 f"sink {self.name}: {sorted(overlap)} cannot be both key and accumulate columns."
             )
 
-    @classmethod
-    def open_groups(cls, specs: Sequence[SinkSpec], ctx: SinkContext) -> list[SinkGroup]:
-        from onceflow.sinks.postgres.group import PostgresGroup
-
-        mine = tuple(spec for spec in specs if isinstance(spec, PostgresSink))
-        return [PostgresGroup(mine, ctx)] if mine else []
-
     def describe(self) -> str:
         return f"PostgreSQL table `{self.schema}.{self.table}` ({self.mode})"
 
@@ -235,14 +229,9 @@ class PostgresSink(SinkSpec):
 
 # The table `quarantine_table()` writes, shared by every job.
 QUARANTINE_TABLE = ("onceflow", "quarantine")
-QUARANTINE_COLUMNS: dict[str, str] = {
-    "job": "text",
-    "window_id": "bigint",
-    "source_file": "text",
-    "source_line": "bigint",
-    "raw_line": "text",
-    "reason": "text",
-}
+QUARANTINE_COLUMNS: dict[str, str] = dict(
+    zip(QUARANTINE_FIELDS, ("text", "bigint", "text", "bigint", "text", "text"), strict=True)
+)
 
 
 def quarantine_table(name: str = "pg_quarantine", *, output: str = "quarantine") -> PostgresSink:
