@@ -27,6 +27,7 @@ from onceflow._identifiers import epoch_app_id
 from onceflow.job import WindowContext
 from onceflow.ledger import Ledger
 from onceflow.maintain._log import data_files, relative
+from onceflow.sinks.contract import SinkOutcome
 from onceflow.sinks.delta._files import add_actions
 from onceflow.sinks.delta.table import DeltaTableSink
 from onceflow.sources.delta import DeltaTableSource
@@ -97,7 +98,10 @@ def _commit_window(settings: Settings, dsn: str, index: int) -> int:
         adds, window_id=window.window_id, epoch=epoch, run_id="t", offsets=offsets
     )
     assert done.version is not None
-    ledger.mark_completed(window.window_id, versions={"maint_up_events": done.version})
+    ledger.mark_completed(
+        window.window_id,
+        commits=[SinkOutcome("maint_up_events", True, False, data_version=done.version)],
+    )
     return done.version
 
 
