@@ -25,14 +25,14 @@ lint: setup
 TEST_WORKERS ?= 2
 PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
-# The suite without the headless-browser test of the Dagster UI and the `exhaustive` rest of
-# the S3 lake's fault matrices; CI runs this (.ci/run).
+# The suite, the headless-browser test of the Dagster UI included (setup installs Chromium;
+# screenshots: tests/artifacts/ui/), without the `exhaustive` rest of the fault matrices; CI
+# runs this (.ci/run).
 test: setup lint
-	$(PYTEST) -m "not browser and not exhaustive"
+	$(PYTEST) -m "not exhaustive"
 	$(MAKE) test-airflow
 
-# The whole suite, the browser test included (setup installs Chromium). Screenshots of the UI
-# test: tests/artifacts/ui/.
+# The whole suite: every point of every fault matrix, on every deployment.
 test-all: setup lint
 	$(PYTEST)
 

@@ -10,14 +10,17 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 import psycopg
 import pytest
 from psycopg import sql
 
+from onceflow import ops
 from onceflow.engine import Engine
 from onceflow.generate import generate_payments
+from onceflow.jobs.payments import PAYMENTS
 from onceflow.ops import EXIT_RETRYABLE
 from onceflow.registry import get_job
 from onceflow.settings import Settings
@@ -26,6 +29,7 @@ from tests.support.cli import RUN_TIMEOUT_S, CliRun, Finished, cli_env, jobs_env
 from tests.support.matrix import points
 from tests.support.oracle import expected_outputs
 from tests.support.outputs import actual_outputs, assert_exact
+from tests.support.payment_log import JOB as PAYMENT_LOG_JOB
 
 pytestmark = pytest.mark.slow
 
@@ -54,12 +58,17 @@ class Site:
     def cli(self, *args: str, fault: str | None = None, **extra: str) -> CliRun:
         return CliRun(list(args), self.env(fault, **extra), self.home / "logs")
 
+    def settings(self) -> Settings:
+        return Settings(home=self.home, postgres_dsn=self.dsn, lake=self.lake, landing=self.landing)
+
+    def run_in_process(self, spark: Any, max_files: int = 2, job: Any = PAYMENTS) -> None:
+        """A run after the crash, in this process on the session's Spark (`ops.run`, what the
+        CLI's `run` presents): no second JVM start. It raises if the run fails."""
+        ops.run(job, self.settings(), spark=spark, dsn=self.dsn, max_units_per_window=max_files)
+
     def prepare_tables(self) -> None:
         """Create the job's tables and the ledger, as a run's start does (no Spark)."""
-        settings = Settings(
-            home=self.home, postgres_dsn=self.dsn, lake=self.lake, landing=self.landing
-        )
-        Engine(get_job("payments"), settings, None, self.dsn).prepare()
+        Engine(get_job("payments"), self.settings(), None, self.dsn).prepare()
 
     def assert_exact(self) -> None:
         assert_exact(expected_outputs(self.landing), actual_outputs(self.dsn, self.lake))
@@ -81,22 +90,20 @@ def site(pg_dsn: str, lake: Path, landing: Path, tmp_path: Path, input_files: Pa
     return Site(pg_dsn, lake, landing, home)
 
 
-# Every point of a window's path; CI runs the two where the sinks disagree (Delta committed,
-# PostgreSQL not; PostgreSQL's COMMIT sent, its answer unseen), `make test-all` the rest.
+# Every point of a window's path, once, on the local deployment (S3, Spark Connect and the
+# cluster run a representative point each: test_s3_lake.py, test_spark_server.py,
+# test_spark_cluster.py). The crash is a real `onceflow` process killed at the point; the run
+# after it is in this process on the session's Spark (the CLI's own rerun after a crash:
+# test_cli.py, test_spark_server.py).
 @pytest.mark.parametrize(
-    "point",
-    points(
-        *("plan", "before_sinks", "after_delta", "pg_commit_sent", "after_commits"),
-        in_ci=("after_delta", "pg_commit_sent"),
-    ),
+    "point", ("plan", "before_sinks", "after_delta", "pg_commit_sent", "after_commits")
 )
-def test_crash_at_fault_point_then_rerun_is_exact(site: Site, point: str) -> None:
+def test_crash_at_fault_point_then_rerun_is_exact(spark: Any, site: Site, point: str) -> None:
     crashed = site.run(fault=f"{point}@2")
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
     assert f"fault injected at {point} (window 2)" in crashed.stderr
 
-    rerun = site.run()
-    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    site.run_in_process(spark)
     site.assert_exact()
 
 
@@ -330,9 +337,11 @@ def _payment_log(dsn: str) -> tuple[list[tuple[object, ...]], list[tuple[object,
         return sorted(log.fetchall()), sorted(want.fetchall())
 
 
-def test_a_repair_copy_staged_twice_is_staged_again_not_applied_twice(site: Site) -> None:
-    done = site.start(**PAYMENT_LOG).finish()
-    assert done.returncode == 0, done.stderr[-2000:]
+def test_a_repair_copy_staged_twice_is_staged_again_not_applied_twice(
+    spark: Any, site: Site
+) -> None:
+    # The run before the damage, in-process: only the repair is the process under test.
+    site.run_in_process(spark, job=PAYMENT_LOG_JOB)
     log, want = _payment_log(site.dsn)
     assert log == want and len(want) > 100
     with psycopg.connect(site.dsn) as conn:
@@ -384,12 +393,13 @@ def _drop_plan(dsn: str) -> None:
         in_ci=("pg_staged",),
     ),
 )
-def test_plan_lost_after_a_crash_then_another_window_size_is_exact(site: Site, point: str) -> None:
+def test_plan_lost_after_a_crash_then_another_window_size_is_exact(
+    spark: Any, site: Site, point: str
+) -> None:
     crashed = site.run(fault=f"{point}@2", max_files=2)
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
     _drop_plan(site.dsn)  # stages of the old plan stay in the lake
-    rerun = site.run(max_files=3)
-    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    site.run_in_process(spark, max_files=3)
     site.assert_exact()
 
 
@@ -399,7 +409,7 @@ def _seeds() -> Iterator[int]:
     yield seed
 
 
-def test_random_kills_then_clean_run_is_exact(site: Site) -> None:
+def test_random_kills_then_clean_run_is_exact(spark: Any, site: Site) -> None:
     rng = random.Random(next(_seeds()))
     outcomes = []
     for _ in range(5):
@@ -413,8 +423,7 @@ def test_random_kills_then_clean_run_is_exact(site: Site) -> None:
         outcomes.append((round(delay, 1), result.returncode))
         assert result.returncode in (0, -signal.SIGKILL), result.stderr[-2000:]
     print(f"kills (delay s, returncode): {outcomes}")
-    final = site.run(max_files=1)
-    assert final.returncode == 0, final.stderr[-2000:]
+    site.run_in_process(spark, max_files=1)
     site.assert_exact()
 
 

@@ -6,7 +6,8 @@ payments window with another transform (retractions and additions in one version
 step `public.daily_totals` must equal the plain-Python oracle exactly.
 
 Slow: real `onceflow run daily_totals` processes killed with SIGKILL at each fault point of its
-own window, new payments committed by `onceflow run payments` before the recovery run.
+own window; new payments committed before the recovery run, both in-process on the session's
+Spark (`onceflow.ops.run`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from deltalake import DeltaTable
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from onceflow import ops
 from onceflow.engine import Engine, RunResult
 from onceflow.generate import generate_payments
 from onceflow.job import WindowContext
@@ -172,7 +174,9 @@ def test_daily_totals_follow_payments_through_new_input_repair_and_restatement(
 # -- crash matrix: daily_totals's own window, real processes, real SIGKILL ------------------------
 
 # Every point daily_totals passes through; `after_delta` is in the list to show it never fires
-# (daily_totals has only a PostgreSQL sink).
+# (daily_totals has only a PostgreSQL sink). CI runs its plan (windows are versions of the
+# payments table) and the two PostgreSQL points the local payments matrix (test_crash.py) lacks;
+# `pg_commit_sent` runs in CI through Spark Connect (test_spark_server.py).
 TOTALS_POINTS = (
     "plan",
     "before_sinks",
@@ -194,7 +198,9 @@ def _cli(env: dict, home: Path, *args: str) -> Finished:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("point", points(*TOTALS_POINTS, in_ci=("plan", "pg_commit_sent")))
+@pytest.mark.parametrize(
+    "point", points(*TOTALS_POINTS, in_ci=("plan", "after_postgres", "before_pg_commit"))
+)
 def test_daily_totals_crash_at_fault_point_then_rerun_is_exact(
     spark, point: str, pg_dsn: str, tmp_path: Path, lake: Path, landing: Path
 ) -> None:
@@ -211,7 +217,7 @@ def test_daily_totals_crash_at_fault_point_then_rerun_is_exact(
     assert not DeltaTable(path, version=0).file_uris()
     assert DeltaTable(path, version=1).file_uris()
 
-    # 1. daily_totals, one table version per window, killed in window 2.
+    # 1. daily_totals, one table version per window, a real process killed in window 2.
     crashed = _cli(
         _env(pg_dsn, lake, landing, home, f"{point}@{CRASH_WINDOW}"),
         home,
@@ -226,14 +232,12 @@ def test_daily_totals_crash_at_fault_point_then_rerun_is_exact(
             crashed.stderr[-2000:],
         )
 
-    # 2. New payments arrive and are committed by a real `onceflow run payments`.
+    # 2. New payments arrive and are committed (in-process: no second JVM start).
     generate_payments(landing, records=150, files=2, duplicate_rate=0.1, invalid_rate=0.05, seed=32)
-    paid = _cli(_env(pg_dsn, lake, landing, home), home, "run", "payments")
-    assert paid.returncode == 0, paid.stderr[-2000:]
+    ops.run("payments", settings, spark=spark, dsn=pg_dsn)
 
     # 3. Recovery: daily_totals to completion (replays window 2 as recorded, then the rest).
-    recovered = _cli(_env(pg_dsn, lake, landing, home), home, "run", "daily_totals")
-    assert recovered.returncode == 0, recovered.stderr[-2000:]
+    ops.run("daily_totals", settings, spark=spark, dsn=pg_dsn)
 
     truth = _both_oracles(landing, lake)
     assert sum(c for _, c in truth.values()) == 390

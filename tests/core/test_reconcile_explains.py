@@ -1,7 +1,9 @@
 """Reconcile explains itself, by key only, and an upsert sink's expected state is what the run
 applies: the last window's row per key wins, also over a window reconcile cannot recompute.
 
-The user's job (tests/support/user_project) through the real CLI."""
+The user's job (tests/support/user_project): its first run in-process on the session's Spark
+(`onceflow.ops.run`; the CLI finding the job is test_user_jobs.py's), reconcile through the real
+CLI."""
 
 from __future__ import annotations
 
@@ -13,14 +15,17 @@ from typing import Any
 import psycopg
 import pytest
 
+from onceflow import ops
 from onceflow._diff import DiffSample
 from onceflow.reconcile import ReconcileReport, SinkDiff, format_report
+from onceflow.settings import Settings
 from tests.support.cli import CliRun, Finished, cli_env
 from tests.support.orders_data import (
     FOLDER,
     USER_PROJECT,
     assert_orders_exact,
     one_file_per_window,
+    user_project_on_path,
     write_orders,
 )
 
@@ -40,7 +45,7 @@ def _table(dsn: str) -> list[tuple[Any, ...]]:
 
 @pytest.mark.slow
 def test_reconcile_of_an_upsert_sink_names_keys_and_repairs_exactly(
-    pg_dsn: str, tmp_path: Path, lake: Path, landing: Path
+    spark: Any, pg_dsn: str, tmp_path: Path, lake: Path, landing: Path
 ) -> None:
     env = cli_env(home=tmp_path / "home", dsn=pg_dsn, lake=lake, landing=landing)
     env["ONCEFLOW_JOBS"] = "orders_jobs"
@@ -49,8 +54,9 @@ def test_reconcile_of_an_upsert_sink_names_keys_and_repairs_exactly(
     )
     logs = tmp_path / "logs"
     write_orders(landing)
-    run = _cli(env, logs, "run", "orders", "--max-files-per-window", "1")
-    assert run.returncode == 0, run.stderr[-3000:]
+    settings = Settings(home=tmp_path / "home", postgres_dsn=pg_dsn, lake=lake, landing=landing)
+    with user_project_on_path() as user:
+        ops.run(user.ORDERS, settings, spark=spark, dsn=pg_dsn, max_units_per_window=1)
     windows = one_file_per_window()
     assert_orders_exact(pg_dsn, windows)  # o2 of window 1 overwritten by window 3
 

@@ -1,5 +1,6 @@
 """A refused operation leaves nothing behind, and an unfinished restatement can be cancelled:
-the user's own jobs (the README's `ORDERS`, and tests/support/user_project), the real CLI."""
+the user's own jobs (the README's `ORDERS`, and tests/support/user_project), the real CLI (a
+first run that only sets the scene is in-process, on the session's Spark)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from typing import Any
 import psycopg
 import pytest
 
+from onceflow import ops
+from onceflow.settings import Settings
 from tests.support.cli import CliRun, Finished, cli_env
 from tests.support.orders_data import (
     FILES,
@@ -21,6 +24,7 @@ from tests.support.orders_data import (
     Order,
     assert_orders_exact,
     one_file_per_window,
+    user_project_on_path,
     write_orders,
 )
 
@@ -130,12 +134,19 @@ def _window_rows(user: User, window: int) -> list[tuple[Any, ...]]:
 
 
 def test_a_restatement_cut_short_is_cancelled_and_the_job_goes_on(
-    pg_dsn: str, tmp_path: Path, lake: Path, landing: Path, monkeypatch: pytest.MonkeyPatch
+    spark: Any,
+    pg_dsn: str,
+    tmp_path: Path,
+    lake: Path,
+    landing: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     user = User(tmp_path, pg_dsn, landing, lake, "orders_jobs")
     user.on_path(USER_PROJECT)
     write_orders(landing)
-    user.ok("run", "orders", "--max-files-per-window", "1")
+    settings = Settings(home=tmp_path / "home", postgres_dsn=pg_dsn, lake=lake, landing=landing)
+    with user_project_on_path() as project:
+        ops.run(project.ORDERS, settings, spark=spark, dsn=pg_dsn, max_units_per_window=1)
     windows = one_file_per_window()
     assert_orders_exact(pg_dsn, windows)
     window_2 = _window_rows(user, 2)

@@ -56,6 +56,8 @@ def test_spark_cluster_command_serves_until_sigterm(tmp_path: Path) -> None:
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
 
 
+# The store variant below (CI's) asserts the same of a cluster with nothing shared but the store.
+@pytest.mark.exhaustive
 def test_payments_exact_on_a_two_worker_cluster_through_a_crash(
     cluster: StandaloneCluster, pg_dsn: str, lake: Path, landing: Path, tmp_path: Path
 ) -> None:
@@ -101,7 +103,13 @@ def test_payments_exact_on_the_cluster_with_lake_and_landing_on_a_store(
         args = ["run", "payments", "--max-files-per-window", "2"]
         crashed = CliRun(args, {**env, "ONCEFLOW_FAULT": "after_delta@2"}, home / "logs").finish()
         assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
+        assert "fault injected at after_delta (window 2)" in crashed.stderr
         rerun = CliRun(args, env, home / "logs").finish()
         assert rerun.returncode == 0, rerun.stderr[-2000:]
         assert_exact(expected_outputs(landing), actual_outputs(pg_dsn, lake))
         assert not (home / "lake").exists() and not (home / "landing").exists()
+    # Both runs were applications of the cluster, and its two workers ran their executors.
+    assert len(_apps(cluster)) >= 2
+    work = cluster.config.work_dir
+    for worker in ("worker-0", "worker-1"):
+        assert list((work / worker).glob("app-*")), f"no executor ran on {worker}"

@@ -29,6 +29,7 @@ from tests.support.daily_totals_oracle import (
     totals_from_delta,
     totals_from_landing,
 )
+from tests.support.matrix import points
 from tests.support.oracle import expected_outputs
 from tests.support.outputs import actual_outputs, assert_exact
 
@@ -134,7 +135,11 @@ def test_the_server_command_runs_pyspark_connect_server() -> None:
     assert f"spark.driver.extraJavaOptions={java_options()}" in command
 
 
-@pytest.mark.parametrize("point", ["before_sinks", "after_delta", "pg_commit_sent"])
+# A representative point through the server in CI (the local matrix, test_crash.py, has every
+# point); the others run with `make test-all`.
+@pytest.mark.parametrize(
+    "point", points("before_sinks", "after_delta", "pg_commit_sent", in_ci=("pg_commit_sent",))
+)
 def test_payments_through_the_server_crash_then_rerun_is_exact(site: Site, point: str) -> None:
     crashed = site.run("run", "payments", "--max-files-per-window", "2", fault=f"{point}@2")
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
