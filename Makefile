@@ -33,8 +33,9 @@ test: setup lint
 	$(MAKE) test-airflow
 
 # The whole suite: every point of every fault matrix, on every deployment.
-test-all: setup lint
+test-all: setup lint airflow-setup
 	$(PYTEST)
+	.venv-airflow/bin/python -m pytest -q -c integrations/airflow/pyproject.toml
 
 bench: setup
 	$(BIN)/python benchmarks/payments_bench.py

@@ -149,6 +149,7 @@ def test_daily_totals_exact_while_payments_is_maintained(
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive  # make test-all: the chain test above races maintenance in CI
 def test_maintenance_killed_at_random_while_payments_runs(
     spark, pg_dsn: str, tmp_path: Path, lake: Path, landing: Path
 ) -> None:
