@@ -26,9 +26,9 @@ from onceflow import DeltaSink, Job, ParquetSource, Settings, ops
 from onceflow._identifiers import epoch_app_id
 from onceflow.job import WindowContext
 from onceflow.ledger import Ledger
-from onceflow.maintain._log import data_files, relative
 from onceflow.sinks.contract import SinkOutcome
 from onceflow.sinks.delta._files import add_actions
+from onceflow.sinks.delta._log import data_files, relative
 from onceflow.sinks.delta.table import DeltaTableSink
 from onceflow.sources.delta import DeltaTableSource
 from onceflow.storage import Location

@@ -22,11 +22,11 @@ from deltalake import DeltaTable
 from onceflow import ops
 from onceflow.engine import Engine
 from onceflow.generate import generate_payments
-from onceflow.maintain._log import data_files, relative
 from onceflow.reconcile import format_report, reconcile
 from onceflow.registry import get_job
 from onceflow.restate import restate_windows
 from onceflow.settings import Settings
+from onceflow.sinks.delta._log import data_files, relative
 from onceflow.storage import Location
 from tests.core.test_daily_totals import _both_oracles, _flat_fee
 from tests.support.cli import CliRun, cli_env

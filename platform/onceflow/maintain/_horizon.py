@@ -11,25 +11,13 @@ knows all three; nothing here asks the downstream job's sinks.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
 from onceflow.job import Job
 from onceflow.ledger import Ledger
 from onceflow.settings import Settings
+from onceflow.sinks.maintenance import Hold
 from onceflow.sources.delta import DeltaTableSource
 from onceflow.storage import Location
-
-
-@dataclass(frozen=True)
-class Hold:
-    """A reader that needs the table's files from `version` on (every file live at it)."""
-
-    job: str
-    version: int
-    reason: str
-
-    def as_json(self) -> dict[str, object]:
-        return {"job": self.job, "version": self.version, "reason": self.reason}
 
 
 def readers(table: Location, jobs: Iterable[Job], settings: Settings) -> list[Job]:

@@ -36,12 +36,10 @@ from deltalake import CommitProperties, DeltaTable
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction, RemoveAction
 
-from onceflow.maintain._horizon import Hold
-from onceflow.maintain._log import LogFacts, data_files, log_files_before, read_log, version_at
-from onceflow.maintain._options import Options
-from onceflow.maintain._report import TableMaintained
 from onceflow.sinks.delta._files import POST_COMMIT
+from onceflow.sinks.delta._log import LogFacts, data_files, log_files_before, read_log, version_at
 from onceflow.sinks.delta.table import COMMIT_TOKEN, META_PREFIX, DeltaTableSink
+from onceflow.sinks.maintenance import Hold, Options, TableMaintained
 from onceflow.windows import parse_interval
 
 _log = logging.getLogger(__name__)
@@ -166,7 +164,7 @@ def maintain_table(
 
 
 def _live(table: DeltaTable) -> dict[str, int]:
-    from onceflow.maintain._log import relative
+    from onceflow.sinks.delta._log import relative
 
     actions = table.get_add_actions(flatten=True)
     out: dict[str, int] = {}

@@ -39,8 +39,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
     from onceflow.ledger import Window
-    from onceflow.maintain import Hold, Options, TableMaintained
     from onceflow.quality.target import Target
+    from onceflow.sinks.maintenance import Hold, Options, TableMaintained
 
 RETENTION_PROPERTY = "delta.setTransactionRetentionDuration"
 # Commit entries older than this are removed at a checkpoint, unless cleanup is off.
