@@ -35,7 +35,7 @@ test: setup lint
 # The whole suite: every point of every fault matrix, on every deployment.
 test-all: setup lint airflow-setup
 	$(PYTEST)
-	.venv-airflow/bin/python -m pytest -q -c integrations/airflow/pyproject.toml
+	$(AIRFLOW_PYTEST)
 
 bench: setup
 	$(BIN)/python benchmarks/payments_bench.py
@@ -54,5 +54,7 @@ airflow: airflow-setup
 	bash scripts/airflow.sh
 
 # The provider's tests (integrations/airflow/tests), in the Airflow venv; `make test` runs them.
+AIRFLOW_PYTEST := .venv-airflow/bin/python -m pytest -q -c integrations/airflow/pyproject.toml \
+	--rootdir integrations/airflow integrations/airflow/tests
 test-airflow: airflow-setup
-	.venv-airflow/bin/python -m pytest -q -c integrations/airflow/pyproject.toml -m "not browser"
+	$(AIRFLOW_PYTEST) -m "not browser"
