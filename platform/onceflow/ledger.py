@@ -478,7 +478,8 @@ class Ledger(Restatements, Abandonments):
                 [c.sink for c in commits],
                 [c.data_version for c in commits],
                 [c.commit_ref for c in commits],
-                [c.rows for c in commits],
+                # A commit of an earlier run whose record does not count its rows: unknown.
+                [c.rows if c.committed or c.rows else None for c in commits],
             ),
         )
 

@@ -4,6 +4,7 @@ commit transactions say: offsets, counts, Delta versions, transaction ids, lates
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from onceflow.generate import generate_payments
 from onceflow.lineage import lineage
 from onceflow.validation import validate_job
 from tests.core.test_exactly_once import JOB, PG_SINKS, make_engine
-from tests.support.cli import ONCEFLOW
+from tests.support.cli import ONCEFLOW, CliRun, cli_env
 
 
 def _delta_versions(lake: Path) -> dict[int, int]:
@@ -139,3 +140,46 @@ def test_status_json_holds_the_lineage_without_spark(
     password = psycopg.conninfo.conninfo_to_dict(pg_dsn).get("password")
     if password:
         assert password not in done.stdout + done.stderr
+
+
+def test_a_window_a_killed_run_committed_keeps_its_commits_in_lineage(
+    spark: Any, pg_dsn: str, lake: Path, landing: Path, tmp_path: Path
+) -> None:
+    """A run killed after every sink committed window 2, before the ledger completed it: the
+    run that completes it records each sink's own record of that commit."""
+    home = tmp_path / "home"
+    generate_payments(landing, records=600, files=3, duplicate_rate=0.1, invalid_rate=0.05, seed=6)
+    env = cli_env(home=home, dsn=pg_dsn, lake=lake, landing=landing, fault="after_commits@2")
+    crashed = CliRun(["run", JOB, "--max-files-per-window", "1"], env, home / "logs").finish()
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
+    assert "fault injected at after_commits (window 2)" in crashed.stderr
+    with psycopg.connect(pg_dsn) as conn:
+        completed = conn.execute(
+            "SELECT window_id FROM onceflow.windows WHERE job = %s AND completed_at IS NOT NULL",
+            (JOB,),
+        ).fetchall()
+    assert completed == [(1,)]  # window 2 committed everywhere, not completed
+
+    result = make_engine(spark, pg_dsn, lake, landing, home).run(max_units_per_window=1)
+    held = next(w for w in result.windows if w.window_id == 2)
+    assert all(o.already_committed for o in held.sinks.values())  # this run wrote nothing of it
+
+    rows = {r.window_id: r for r in lineage(pg_dsn, JOB)}
+    assert sorted(rows) == [1, 2, 3] and all(r.completed_at is not None for r in rows.values())
+    delta = _delta_versions(lake)
+    row = rows[2]
+    assert row.data_versions == {"lake_payments": delta[2]}
+    assert row.rows_committed["lake_payments"] == row.rows_out
+    assert set(row.commit_refs) == set(PG_SINKS)
+    (xid,) = set(row.commit_refs.values())
+    with psycopg.connect(pg_dsn) as conn:
+        writers = conn.execute(
+            "SELECT DISTINCT xmin::text FROM onceflow.quarantine WHERE job = %s AND"
+            " window_id = 2 UNION SELECT DISTINCT xmin::text FROM payments WHERE _window_id = 2",
+            (JOB,),
+        ).fetchall()
+    assert writers == [(xid,)]
+    # The windows before and after, committed and completed by one run each, as always.
+    for other in (1, 3):
+        assert rows[other].data_versions == {"lake_payments": delta[other]}
+        assert set(rows[other].commit_refs) == set(PG_SINKS)

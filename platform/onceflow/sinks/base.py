@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from onceflow.sinks.contract import (
+    CommitRecord,
     ReconcileScope,
     RecordedWindow,
     SinkOutcome,
@@ -113,6 +114,12 @@ class SinkGroup(ABC):
     @abstractmethod
     def recorded_windows(self) -> list[RecordedWindow]:
         """Every window the sinks' commit records name, with its offsets and epoch."""
+
+    def commit_records(self, window_ids: Sequence[int]) -> dict[str, dict[int, CommitRecord]]:
+        """For each sink, its own record of the commit that wrote each of `window_ids` (those
+        it holds and still has a record of), so a window an earlier run committed and a later
+        run completed shows that commit in lineage. Empty for kinds that keep none."""
+        return {}
 
     def unrecorded(self, known: AbstractSet[int]) -> str | None:
         """Why the sinks' commit records may not name every window they hold that is not in
@@ -242,6 +249,7 @@ class SinkGroup(ABC):
 
 
 __all__ = [
+    "CommitRecord",
     "ReconcileScope",
     "RecordedWindow",
     "SinkContext",

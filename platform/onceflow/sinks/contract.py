@@ -32,6 +32,17 @@ class SinkOutcome:
 
 
 @dataclass(frozen=True)
+class CommitRecord:
+    """A sink's own record of the commit that wrote a window (for lineage, when an earlier
+    run made that commit): the fields of `SinkOutcome` the record keeps, None where it does
+    not (`rows`: None when the record does not count the rows that commit wrote)."""
+
+    data_version: int | None = None
+    commit_ref: str | None = None
+    rows: int | None = None
+
+
+@dataclass(frozen=True)
 class TableFacts:
     """What a data catalog shows of one sink's table, never credentials.
 

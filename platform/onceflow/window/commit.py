@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from onceflow import faults
-from onceflow.window.complete import complete
+from onceflow.window.complete import add_records, complete
 from onceflow.window.context import JobContext
 from onceflow.window.prepare import Prepared, drop_keys
 from onceflow.window.results import WindowResult, commits
@@ -18,7 +18,8 @@ def commit(ctx: JobContext, prepared: Prepared, keep_keys: bool = False) -> Wind
     window, epoch, run_id = prepared.window, prepared.epoch, prepared.run_id
     result, out = prepared.result, prepared.out
     if out is None:  # every sink held it
-        complete(ctx, window.window_id, None, {})
+        add_records(ctx, window.window_id, result.sinks)
+        complete(ctx, window.window_id, None, {}, commits(result.sinks))
         prepared.stage.discard()
         result.latency_s = result.visible_s = time.monotonic() - prepared.started
         return result
@@ -37,6 +38,7 @@ def commit(ctx: JobContext, prepared: Prepared, keep_keys: bool = False) -> Wind
         result.visible_s = time.monotonic() - prepared.started
         if ctx.exactly_once:
             ctx.ledger.check_epoch(epoch)
+        add_records(ctx, window.window_id, result.sinks)
         complete(ctx, window.window_id, prepared.keys, prepared.results, commits(result.sinks))
     finally:
         out.release()

@@ -67,6 +67,11 @@ class BackfillResult:
 
 
 def commits(outcomes: Mapping[str, SinkOutcome]) -> list[SinkOutcome]:
-    """The sink commits this run made (for the ledger's record of each, which lineage reads);
-    a sink that held the window already keeps the record of the commit that wrote it."""
-    return [o for o in outcomes.values() if o.committed]
+    """The sink commits that wrote the window, for the ledger's record of each (which lineage
+    reads): those this run made, and those an earlier run made whose record the sink gave
+    (`window.complete.add_records`)."""
+    return [
+        o
+        for o in outcomes.values()
+        if o.committed or o.data_version is not None or o.commit_ref is not None
+    ]

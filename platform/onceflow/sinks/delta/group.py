@@ -13,6 +13,7 @@ from onceflow._delta_read import read_snapshot, spark_schema
 from onceflow.errors import ConfigurationError, SinkError
 from onceflow.sink_state import Expected, SinkState
 from onceflow.sinks.base import (
+    CommitRecord,
     ReconcileScope,
     RecordedWindow,
     SinkContext,
@@ -150,6 +151,17 @@ class DeltaGroup(SinkGroup):
             )
             for entry in self.table.history()
         ]
+
+    def commit_records(self, window_ids: Sequence[int]) -> dict[str, dict[int, CommitRecord]]:
+        if self._recorded_table() is None:
+            return {}
+        records: dict[int, CommitRecord] = {}
+        for window_id, (version, info) in self.table.window_commits(window_ids).items():
+            rows = info.get(f"{META_PREFIX}rows")
+            records[window_id] = CommitRecord(
+                data_version=version, rows=int(rows) if rows is not None else None
+            )
+        return {self.spec.name: records}
 
     def restated_through(self) -> int:
         if not self.table.exists():

@@ -25,6 +25,7 @@ from onceflow.postgres import (
 )
 from onceflow.sink_state import SinkState
 from onceflow.sinks.base import (
+    CommitRecord,
     ReconcileScope,
     RecordedWindow,
     SinkContext,
@@ -244,6 +245,23 @@ class PostgresGroup(SinkGroup):
 
     def recorded_windows(self) -> list[RecordedWindow]:
         return [RecordedWindow(int(w), o, int(e)) for _, w, e, o in self._markers(None)]
+
+    def commit_records(self, window_ids: Sequence[int]) -> dict[str, dict[int, CommitRecord]]:
+        # The marker was written by the transaction that committed the window: its xid is the
+        # xmin of the window's rows. Its rows_written counts rows added (an upsert's or an
+        # accumulation's differ from rows written), so no row count is given.
+        rows = self._read(
+            "read the commit markers' transaction ids",
+            lambda conn: conn.execute(
+                "SELECT sink, window_id, xid::text FROM onceflow.sink_commits"
+                " WHERE job = %s AND sink = ANY(%s) AND window_id = ANY(%s)",
+                (self.job, list(self.by_name), sorted(set(window_ids))),
+            ).fetchall(),
+        )
+        out: dict[str, dict[int, CommitRecord]] = {}
+        for sink, wid, xid in rows:
+            out.setdefault(str(sink), {})[int(wid)] = CommitRecord(commit_ref=str(xid))
+        return out
 
     def restated_through(self) -> int:
         row = self._read(
