@@ -24,6 +24,7 @@ from onceflow.sinks.base import (
     TableFacts,
     WindowWrite,
 )
+from onceflow.sinks.delta._lineage import window_commits
 from onceflow.sinks.delta._reconcile import reconcile_delta
 from onceflow.sinks.delta.spec import DeltaSink
 from onceflow.sinks.delta.table import (
@@ -156,7 +157,7 @@ class DeltaGroup(SinkGroup):
         if self._recorded_table() is None:
             return {}
         records: dict[int, CommitRecord] = {}
-        for window_id, (version, info) in self.table.window_commits(window_ids).items():
+        for window_id, (version, info) in window_commits(self.table, window_ids).items():
             rows = info.get(f"{META_PREFIX}rows")
             records[window_id] = CommitRecord(
                 data_version=version, rows=int(rows) if rows is not None else None

@@ -21,7 +21,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -52,8 +52,6 @@ MAX_BACKOFF_S = 2.0
 # How long a table known to exist (its first log entry read by name) may stay hidden by a
 # listing that lags (an eventually consistent object store) before loading it fails.
 LISTING_LAG_S = 15.0
-# Log entries read, newest first, to find the commit of a window held but not yet completed.
-WINDOW_SEARCH = 1000
 
 T = TypeVar("T")
 
@@ -307,7 +305,7 @@ class DeltaTableSink:
 
     def _entry(self, version: int) -> dict[str, Any] | None:
         """The commit info of log entry `version`, None if there is no such entry."""
-        actions = self._actions(version)
+        actions = self.entry_actions(version)
         if actions is None:
             return None
         for action in actions:
@@ -315,7 +313,7 @@ class DeltaTableSink:
                 return dict(action["commitInfo"])
         return {}
 
-    def _actions(self, version: int) -> list[dict[str, Any]] | None:
+    def entry_actions(self, version: int) -> list[dict[str, Any]] | None:
         """The actions of log entry `version`, read by name; None if there is no such entry."""
         entry = self.path / "_delta_log" / f"{version:020d}.json"
         try:
@@ -583,43 +581,6 @@ class DeltaTableSink:
         Log cleanup removes the oldest entries first (below a checkpoint, past the horizon), so
         version 0 present means the log names every commit. Read by name, not from a listing."""
         return self._entry(0)
-
-    def window_commits(
-        self, window_ids: Sequence[int], *, limit: int = WINDOW_SEARCH
-    ) -> dict[int, tuple[int, dict[str, Any]]]:
-        """Window id → (the table version whose commit carries the window's app transaction,
-        that commit's info), for those of `window_ids` found.
-
-        Read newest first, entry by entry by name, down to the commit of the lowest window
-        asked for: windows commit in order, so a window held but not yet completed is among
-        the newest and costs a few reads, never a scan of the whole log. Stops at `limit`
-        entries or at an entry log cleanup removed (that window's record is gone)."""
-        wanted = set(window_ids)
-        found: dict[int, tuple[int, dict[str, Any]]] = {}
-        if not wanted or not self.exists():
-            return found
-        lowest = min(wanted)
-        newest = self.table().version()
-        for version in range(newest, max(newest - limit, -1), -1):
-            actions = self._actions(version)
-            if actions is None:
-                break
-            window = next(
-                (
-                    int(a["txn"]["version"])
-                    for a in actions
-                    if "txn" in a and a["txn"].get("appId") == self.app_id
-                ),
-                None,
-            )
-            if window is None:
-                continue  # an epoch claim, a restatement, maintenance
-            if window in wanted:
-                info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
-                found[window] = (version, dict(info))
-            if window <= lowest or len(found) == len(wanted):
-                break
-        return found
 
     def history(self) -> list[dict[str, Any]]:
         """This job's window commits recorded in the table, oldest window first.

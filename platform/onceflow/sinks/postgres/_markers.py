@@ -6,6 +6,7 @@ committed it, the authority on what a sink holds.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -138,3 +139,15 @@ class Marker:
             _INSERT_MARKER if exactly_once else _UPSERT_MARKER,
             (self.job, self.sink, self.window_id, epoch, run_id, json.dumps(offsets), rows),
         )
+
+
+def marker_xids(
+    conn: psycopg.Connection, job: str, sinks: list[str], window_ids: Sequence[int]
+) -> list[tuple[str, int, str]]:
+    """(sink, window, the id of the transaction that wrote its marker) for those of
+    `window_ids` the sinks hold."""
+    return conn.execute(
+        "SELECT sink, window_id, xid::text FROM onceflow.sink_commits"
+        " WHERE job = %s AND sink = ANY(%s) AND window_id = ANY(%s)",
+        (job, sinks, sorted(set(window_ids))),
+    ).fetchall()

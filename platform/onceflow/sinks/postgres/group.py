@@ -39,7 +39,7 @@ from onceflow.sinks.base import (
 from onceflow.sinks.postgres._accumulate import has_contribution
 from onceflow.sinks.postgres._columns import count_rows, create_table, table_problems
 from onceflow.sinks.postgres._expected import expected_rows
-from onceflow.sinks.postgres._markers import PROTOCOL_DDL
+from onceflow.sinks.postgres._markers import PROTOCOL_DDL, marker_xids
 from onceflow.sinks.postgres._quality import quality_targets
 from onceflow.sinks.postgres._reconcile import narrow_upsert, reconcile_postgres
 from onceflow.sinks.postgres.commit import Applied, Staged, Transaction
@@ -250,13 +250,10 @@ class PostgresGroup(SinkGroup):
         # The marker was written by the transaction that committed the window: its xid is the
         # xmin of the window's rows. Its rows_written counts rows added (an upsert's or an
         # accumulation's differ from rows written), so no row count is given.
+        sinks = list(self.by_name)
         rows = self._read(
             "read the commit markers' transaction ids",
-            lambda conn: conn.execute(
-                "SELECT sink, window_id, xid::text FROM onceflow.sink_commits"
-                " WHERE job = %s AND sink = ANY(%s) AND window_id = ANY(%s)",
-                (self.job, list(self.by_name), sorted(set(window_ids))),
-            ).fetchall(),
+            lambda conn: marker_xids(conn, self.job, sinks, window_ids),
         )
         out: dict[str, dict[int, CommitRecord]] = {}
         for sink, wid, xid in rows:

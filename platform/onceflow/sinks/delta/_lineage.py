@@ -1,0 +1,51 @@
+"""Where a Delta sink's log records a window's commit (for lineage of a window an earlier run
+committed and a later one completed)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from onceflow.sinks.delta.table import DeltaTableSink
+
+# Log entries read, newest first, to find the commit of a window held but not yet completed.
+WINDOW_SEARCH = 1000
+
+
+def window_commits(
+    sink: DeltaTableSink, window_ids: Sequence[int], *, limit: int = WINDOW_SEARCH
+) -> dict[int, tuple[int, dict[str, Any]]]:
+    """Window id → (the table version whose commit carries the window's app transaction,
+    that commit's info), for those of `window_ids` found.
+
+    Read newest first, entry by entry by name, down to the commit of the lowest window
+    asked for: windows commit in order, so a window held but not yet completed is among
+    the newest and costs a few reads, never a scan of the whole log. Stops at `limit`
+    entries or at an entry log cleanup removed (that window's record is gone)."""
+    wanted = set(window_ids)
+    found: dict[int, tuple[int, dict[str, Any]]] = {}
+    if not wanted or not sink.exists():
+        return found
+    lowest = min(wanted)
+    newest = sink.table().version()
+    for version in range(newest, max(newest - limit, -1), -1):
+        actions = sink.entry_actions(version)
+        if actions is None:
+            break
+        window = next(
+            (
+                int(a["txn"]["version"])
+                for a in actions
+                if "txn" in a and a["txn"].get("appId") == sink.app_id
+            ),
+            None,
+        )
+        if window is None:
+            continue  # an epoch claim, a restatement, maintenance
+        if window in wanted:
+            info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+            found[window] = (version, dict(info))
+        if window <= lowest or len(found) == len(wanted):
+            break
+    return found
