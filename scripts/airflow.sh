@@ -15,6 +15,8 @@ export AIRFLOW__API__PORT=$port
 export AIRFLOW__API__BASE_URL=${AIRFLOW__API__BASE_URL:-http://localhost:$port}
 export PYSPARK_PYTHON=${PYSPARK_PYTHON:-$root/.venv/bin/python}
 export GX_ANALYTICS_ENABLED=false
+# standalone starts its scheduler, API server and DAG processor as `airflow` commands.
+export PATH="$root/.venv-airflow/bin:$PATH"
 mkdir -p "$AIRFLOW_HOME"
 cd "$root"
 exec "$root/.venv-airflow/bin/airflow" standalone
