@@ -25,6 +25,9 @@ from tests.support.outputs import actual_outputs, assert_exact
 pytestmark = pytest.mark.slow
 
 
+# make test-all: `recover --json` is in CI through the exit-5 test below and the Airflow
+# provider's recover task after a failed run.
+@pytest.mark.exhaustive
 def test_recover_json_after_a_killed_run_is_exact(
     pg_dsn: str, tmp_path: Path, lake: Path, landing: Path
 ) -> None:

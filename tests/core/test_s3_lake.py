@@ -283,6 +283,9 @@ def test_landing_files_on_the_store_too(site: S3Site) -> None:
     site.assert_lake_on_s3()
 
 
+# make test-all: reconcile's repair is in CI on the local lake; the store runs the crash and
+# the staged replay.
+@pytest.mark.exhaustive
 def test_reconcile_repairs_damage_done_to_the_table_on_the_store(site: S3Site) -> None:
     """The suites pass on a table on the store; then rows deleted and a row doubled outside
     onceflow: reconcile finds both and repairs the table on the store in one commit (its diff is

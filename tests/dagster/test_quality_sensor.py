@@ -126,7 +126,7 @@ def test_quality_sensor_cursor_on_check_history(instance: DagsterInstance) -> No
     def _check() -> AssetCheckResult:
         return AssetCheckResult(passed=outcome["passed"])
 
-    _run_job, recovery_job, _follow_job = build_job_assets(get_job("payments")).jobs
+    _run_job, recovery_job, *_others = build_job_assets(get_job("payments")).jobs
     sensor = build_quality_sensor(
         get_job("payments"),
         recovery_job,
