@@ -68,18 +68,23 @@ def rewrite_without_window(
         rest = data.filter(pc.invert(mask))
         if rest.num_rows:
             (path / folder).mkdir()
-            name = f"{folder}/part-{uuid.uuid4().hex}.parquet"
-            with fs.open_output_stream((path / name).fs_path) as out:
-                pq.write_table(rest, out)
-                size = out.tell()
-            kept.append(
-                AddAction(
-                    path=name,
-                    size=size,
-                    partition_values={},
-                    modification_time=now_ms,
-                    data_change=True,
-                    stats=json.dumps({"numRecords": rest.num_rows}),
-                )
-            )
+            kept.append(write_file(path, folder, rest, now_ms, data_change=True))
     return removes, kept
+
+
+def write_file(
+    path: Location, folder: str, data: pa.Table, now_ms: int, *, data_change: bool
+) -> AddAction:
+    """Write `data` as a new Parquet file in `folder` of the table at `path`; its add action."""
+    name = f"{folder}/part-{uuid.uuid4().hex}.parquet"
+    with path.filesystem().open_output_stream((path / name).fs_path) as out:
+        pq.write_table(data, out)
+        size = out.tell()
+    return AddAction(
+        path=name,
+        size=size,
+        partition_values={},
+        modification_time=now_ms,
+        data_change=data_change,
+        stats=json.dumps({"numRecords": data.num_rows}),
+    )

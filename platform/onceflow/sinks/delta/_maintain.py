@@ -22,7 +22,6 @@ Why each step keeps the guarantee (docs/design.md, "Maintenance"):
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
@@ -36,7 +35,7 @@ from deltalake import CommitProperties, DeltaTable
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction, RemoveAction
 
-from onceflow.sinks.delta._files import POST_COMMIT
+from onceflow.sinks.delta._files import POST_COMMIT, write_file
 from onceflow.sinks.delta._log import LogFacts, data_files, log_files_before, read_log, version_at
 from onceflow.sinks.delta.table import COMMIT_TOKEN, META_PREFIX, DeltaTableSink
 from onceflow.sinks.maintenance import Hold, Options, TableMaintained
@@ -267,20 +266,7 @@ def _rewrite(
                 )
             )
         data = pa.concat_tables(parts, promote_options="default")
-        name = f"{folder}/part-{uuid.uuid4().hex}.parquet"
-        with fs.open_output_stream((sink.path / name).fs_path) as out:
-            pq.write_table(data, out)
-            size = out.tell()
-        actions.append(
-            AddAction(
-                path=name,
-                size=size,
-                partition_values={},
-                modification_time=now_ms,
-                data_change=False,
-                stats=json.dumps({"numRecords": data.num_rows}),
-            )
-        )
+        actions.append(write_file(sink.path, folder, data, now_ms, data_change=False))
     return actions
 
 
