@@ -4,7 +4,8 @@ The README's `orders` job meets ordinary input (two files of one window with the
 the refusal names the fix, the fixed code computes the pending window again after `onceflow
 windows recompute` (its input kept, never skipped), and a refused recompute changes nothing.
 An upsert that declares `order_by=` keeps the newest row of each key within a window and
-across windows (a late event never replaces a newer row), through a restatement and reconcile.
+across windows (a late event never replaces a newer row), through a restatement and reconcile
+(in-process on the session's Spark: that rule is the property, not the command).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from typing import Any
 
 import psycopg
 
+from onceflow import Job, ops
+from onceflow.settings import Settings
 from tests.support.cli import CliRun, Finished, cli_env
 
 README_JOB = """
@@ -50,6 +53,9 @@ class User:
         path = self.env.get("PYTHONPATH", "")
         self.env["PYTHONPATH"] = os.pathsep.join(p for p in (str(self.project), path) if p)
         self.env["ONCEFLOW_JOBS"] = "my_orders"
+        self.settings = Settings(
+            home=tmp_path / "home", postgres_dsn=pg_dsn, lake=lake, landing=landing
+        )
 
     def write_job(self, text: str) -> None:
         (self.project / "my_orders.py").write_text(text)
@@ -79,7 +85,7 @@ def _stages(lake: Path) -> list[str]:
 
 
 def test_a_fixed_transform_recomputes_the_pending_window(
-    pg_dsn: str, tmp_path: Path, lake: Path, landing: Path
+    spark, pg_dsn: str, tmp_path: Path, lake: Path, landing: Path
 ) -> None:
     user = User(tmp_path, pg_dsn, landing, lake)
     user.write_job(README_JOB.replace("TRANSFORM", AS_IN_README))
@@ -117,8 +123,11 @@ def test_a_fixed_transform_recomputes_the_pending_window(
     assert _stages(lake) == []
     assert user.status()["epoch"] > epoch  # a run working on the window is fenced
 
-    run = user.ok("run", "orders")
-    assert "1 window(s)" in run.stdout, run.stdout
+    # The run of the fixed code in-process on the session's Spark (the command found and ran
+    # the user's module above; what the recomputed window commits is the property here).
+    run = ops.run(_job_of(README_JOB.replace("TRANSFORM", FIXED)), user.settings, spark=spark,
+                  dsn=pg_dsn)  # fmt: skip
+    assert len(run.windows) == 1, run.as_json()
     assert user.rows("SELECT order_id, amount_cents FROM public.orders") == [
         ("o1", 100),
         ("o2", 250),
@@ -177,22 +186,30 @@ NEWEST = [("o1", 111, 2), ("o2", 210, 1), ("o3", 300, 1), ("o4", 41, 3), ("o5", 
 
 
 def test_an_upsert_keeps_the_newest_row_by_its_order_by_column(
-    pg_dsn: str, tmp_path: Path, lake: Path, landing: Path
+    spark, pg_dsn: str, tmp_path: Path, lake: Path, landing: Path
 ) -> None:
     user = User(tmp_path, pg_dsn, landing, lake)
-    user.write_job(ORDERED_JOB)
+    job = _job_of(ORDERED_JOB)
+    settings = user.settings
     for name, lines in CHANGES.items():
         user.land(name, HEADER, lines)
-    user.ok("run", "orders", "--max-files-per-window", "1")
+    ops.run(job, settings, spark=spark, dsn=pg_dsn, max_units_per_window=1)
     query = "SELECT order_id, amount_cents, window_id FROM public.orders"
     assert user.rows(query) == NEWEST
 
     # A restatement of window 2 applies the same rule against the windows around it.
-    user.ok("restate", "orders", "--windows", "2")
+    ops.restate(job, [2], settings, spark=spark, dsn=pg_dsn)
     assert user.rows(query) == NEWEST
 
     # Reconcile's expected state picks the same rows: clean, nothing to repair.
-    report = json.loads(user.ok("reconcile", "orders", "--dry-run", "--json").stdout)
+    report = ops.reconcile(job, settings, spark=spark, dsn=pg_dsn, dry_run=True).as_json()
     assert report["clean"] is True, report
     (sink,) = report["sinks"]
     assert sink["clean"] is True and sink["first_differences"] == [], report
+
+
+def _job_of(module_text: str) -> Job:
+    """The `ORDERS` job a user's module of this text defines."""
+    namespace: dict[str, Any] = {}
+    exec(compile(module_text, "my_orders.py", "exec"), namespace)
+    return namespace["ORDERS"]

@@ -23,12 +23,15 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from onceflow import ops
+from onceflow.settings import Settings
 from tests.support.cli import ONCEFLOW, RUN_TIMEOUT_S, CliRun, cli_env
 from tests.support.orders_data import (
     JOB,
     USER_PROJECT,
     assert_orders_exact,
     one_file_per_window,
+    user_project_on_path,
     write_orders,
 )
 
@@ -158,12 +161,16 @@ def _stopped(pid: int, timeout: float = 240) -> None:
 
 
 def test_a_renamed_sink_column_is_named_with_the_sql_that_fixes_it(
-    pg_dsn: str, lake: Path, landing: Path, tmp_path: Path, project: Path
+    spark, pg_dsn: str, lake: Path, landing: Path, tmp_path: Path, project: Path
 ) -> None:
     home = tmp_path / "home"
     env = _env(home, pg_dsn, lake, landing)
+    settings = Settings(home=home, postgres_dsn=pg_dsn, lake=lake, landing=landing)
+    # The runs around the refusals are in-process on the session's Spark: the refusals'
+    # messages are the command's, what the runs commit is not.
     write_orders(landing, ["orders-001.csv"])
-    onceflow(["run", JOB], env, project)
+    with user_project_on_path() as user:
+        ops.run(user.ORDERS, settings, spark=spark, dsn=pg_dsn)
 
     # Window 2 is computed and staged; then a DBA renames a column; then it commits.
     write_orders(landing, ["orders-002.csv"])
@@ -193,7 +200,8 @@ def test_a_renamed_sink_column_is_named_with_the_sql_that_fixes_it(
     # The migration note applied: the run completes, each record exactly once.
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute(fix)
-    onceflow(["run", JOB], env, project)
+    with user_project_on_path() as user:
+        ops.run(user.ORDERS, settings, spark=spark, dsn=pg_dsn)
     assert_orders_exact(pg_dsn, [["orders-001.csv"], ["orders-002.csv"]])
 
 
