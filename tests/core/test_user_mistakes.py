@@ -5,7 +5,8 @@ Input that never arrives is an error that names the folder; a committed file tha
 warning; a sink column changed by hand is named with the SQL that fixes it; a window id column
 works after a `select`; Spark's logs stay off the terminal unless ONCEFLOW_DEBUG asks for them
 (then the whole traceback); `status` into a closed pipe ends quietly and stops the embedded
-server it started.
+server it started. Runs that only set up or close a scenario run in-process on the session's
+Spark (no JVM start of their own).
 """
 
 from __future__ import annotations
