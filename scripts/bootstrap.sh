@@ -51,7 +51,7 @@ if [ -z "$major" ] || [ "$major" -lt 17 ]; then
     apt_install "Java" openjdk-17-jre-headless
 fi
 
-# Chromium for the browser test of the Dagster UI (tests/dagster/test_dagster_dev.py), which
+# Chromium for the browser test of the Dagster UI (tests/dagster/test_ui_browser.py), which
 # `make test` (CI) runs. Debian's package; nothing is done when it is already there.
 if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
     echo "bootstrap: chromium not found; installing it for the browser test" >&2

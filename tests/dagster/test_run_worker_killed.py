@@ -370,7 +370,7 @@ def test_killed_run_workers_end_in_recovery_with_exact_outputs(
         onceflow_home=tmp_path / "onceflow",
         # Only shortens the wait for the first run; the instance config is the shipped one.
         # One run per batch of new input: its runs and their automatic retries are what is
-        # killed here (the follow run's worker is killed in test_dagster_dev.py).
+        # killed here (the follow run's worker is killed in test_follow_dev.py).
         extra={"ONCEFLOW_SENSOR_INTERVAL_S": "5", "ONCEFLOW_DELIVERY": "runs"},
     )
     victims: list[Victim] = []

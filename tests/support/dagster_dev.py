@@ -113,9 +113,6 @@ class DagsterDev:
         """`command`: what starts `dagster dev` (e.g. `scripts/dev.sh`), given the arguments
         `dagster dev` takes after its `-w`; `dagster dev` itself when None."""
         self.port = free_port()
-        # Runs created before this time (epoch seconds) are another scenario's: `runs` leaves
-        # them out (see `begin_scenario`).
-        self.since = 0.0
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log
         self._log = log.open("wb")
@@ -200,32 +197,6 @@ class DagsterDev:
         )
         assert data["stopSensor"]["instigationState"]["status"] == "STOPPED", data
 
-    def sensors(self) -> dict[str, str]:
-        """Every sensor of the code location, by name, with its status."""
-        data = self.graphql(
-            """query { repositoryOrError(repositorySelector: {"""
-            + _SELECTOR
-            + """}) { __typename ... on Repository { sensors { name
-                sensorState { status } } } } }"""
-        )["repositoryOrError"]
-        assert data["__typename"] == "Repository", data
-        return {s["name"]: s["sensorState"]["status"] for s in data["sensors"]}
-
-    def begin_scenario(self, settle_timeout_s: float) -> None:
-        """Quiet the instance for the next scenario on it: every sensor stopped, every run
-        ended (within `settle_timeout_s`), and the runs so far left out of `runs`."""
-        for name, status in self.sensors().items():
-            if status == "RUNNING":
-                self.stop_sensor(name)
-        self.since = 0.0
-        wait_for(
-            "every run of the previous scenario to end",
-            lambda: all(r["status"] in FINISHED for r in self.runs()),
-            settle_timeout_s,
-            1,
-        )
-        self.since = time.time()
-
     def stop_schedule(self, name: str) -> None:
         data = self.graphql(
             """query($name: String!) { scheduleOrError(scheduleSelector: {"""
@@ -265,11 +236,7 @@ class DagsterDev:
             filter=run_filter,
             limit=limit,
         )["runsOrError"]
-        return [
-            dict(r, tags={t["key"]: t["value"] for t in r["tags"]})
-            for r in data["results"]
-            if r["creationTime"] >= self.since
-        ]
+        return [dict(r, tags={t["key"]: t["value"] for t in r["tags"]}) for r in data["results"]]
 
     def launch(self, job: str, run_config: Mapping[str, Any]) -> str:
         """Launch a run of `job` as the launchpad does; return its id."""
@@ -350,16 +317,6 @@ class DagsterDev:
         lines.extend("  " + line for line in tail)
         return "\n".join(lines)
 
-    @contextmanager
-    def described_on_failure(self) -> Iterator[None]:
-        """A failure inside carries the instance's runs and the log's tail as a note, so a
-        report (CI's included, whose folders are gone) says what Dagster was doing."""
-        try:
-            yield
-        except Exception as exc:
-            exc.add_note(self.describe())
-            raise
-
     def close(self) -> None:
         stop_group(self.proc, grace_s=20)
         self._log.close()
@@ -371,12 +328,15 @@ def running_dagster_dev(
 ) -> Iterator[DagsterDev]:
     """`dagster dev` with its code location loaded; the whole process group ends on exit.
 
-    A failure inside carries what Dagster was doing as a note (`described_on_failure`).
+    A failure inside carries the instance's runs and the log's tail as a note, so a report
+    (CI's included, whose folders are gone) says what Dagster was doing.
     """
     server = DagsterDev(env, log, command)
     try:
-        with server.described_on_failure():
-            server.wait_ready()
-            yield server
+        server.wait_ready()
+        yield server
+    except Exception as exc:
+        exc.add_note(server.describe())
+        raise
     finally:
         server.close()

@@ -1,16 +1,8 @@
-"""Scenarios on one real `dagster dev` (the shipped `dagster.yaml`), started once per module.
+"""`dagster dev` in headless Chromium: what an operator sees and launches in the UI.
 
-Each scenario finds the instance as new for what it looks at: `SharedDev` quiets it between
-scenarios (every sensor stopped, every run ended) and gives the next one an empty database
-under the same name and empty folders (the code server's settings stay valid), and the runs
-of earlier scenarios are left out of `DagsterDev.runs`. Two `dagster dev`s stay in modules of
-their own: test_run_worker_killed.py (`ONCEFLOW_DELIVERY=runs`, which the code server reads
-when it loads the definitions) and test_postgres_instance.py (its own instance storage);
-test_dev_shutdown.py stops its own `make dev`.
-
-The UI in headless Chromium: what an operator sees and launches. One headless Chromium driven
-over the DevTools protocol with real mouse and keyboard events, and the payments job on a real
-PostgreSQL and Delta lake. In the UI the test:
+One real `dagster dev` (the shipped `dagster.yaml`), one headless Chromium driven over the
+DevTools protocol with real mouse and keyboard events, and the payments job on a real PostgreSQL
+and Delta lake. In the UI the test:
 
 1. sees the asset graph: every payments asset, and the asset checks of each (none evaluated);
 2. launches a run of new data from the job's launchpad (`max_files_per_window: 1`, so the two
@@ -29,10 +21,6 @@ log, and on failure the page's text and URL and the failed run's events; `steps.
 each step's wall time.
 
 Waits are for UI states, each with a timeout; nothing sleeps for a fixed time.
-
-The follow run as shipped: the new-data sensor starts it; it commits files as they land; it
-makes way for a backfill launched like the launchpad does and follows again after it; its run
-worker, killed with SIGKILL, costs nothing lost or doubled.
 """
 
 from __future__ import annotations
@@ -45,30 +33,15 @@ import subprocess
 import tempfile
 import time
 import urllib.request
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 
 from assets.checks import CHECK_NAME, FRESHNESS_CHECK
 from onceflow.generate import generate_payments
-from onceflow.status import pending_work
-from tests.dagster.test_run_worker_killed import (
-    ARTIFACTS as KILLED_ARTIFACTS,
-)
-from tests.dagster.test_run_worker_killed import (
-    SETTLE_TIMEOUT_S,
-    LedgerProbe,
-    kill_tree,
-    land,
-    run_worker,
-    status_of,
-    wait_run,
-)
 from tests.support.dagster_dev import (
     FINISHED,
     ROOT,
@@ -80,6 +53,8 @@ from tests.support.dagster_dev import (
 )
 from tests.support.oracle import expected_outputs
 from tests.support.outputs import actual_outputs, assert_exact
+
+pytestmark = pytest.mark.browser
 
 ARTIFACTS = ROOT / "tests" / "artifacts" / "ui"
 JOB = "payments"
@@ -415,103 +390,26 @@ def metadata_values(page: str) -> dict[str, str]:
     }
 
 
-class SharedDev:
-    """One `dagster dev` for the module's scenarios, on one database and one set of folders
-    (lake, landing, onceflow home), each scenario's from `begin_scenario` on."""
-
-    def __init__(self, server_dsn: str, root: Path) -> None:
-        self.server_dsn = server_dsn
-        self.database = f"t_{uuid.uuid4().hex[:12]}"
-        info = psycopg.conninfo.conninfo_to_dict(server_dsn)
-        info["dbname"] = self.database
-        self.dsn = psycopg.conninfo.make_conninfo(**info)
-        self.lake, self.landing, self.home = root / "lake", root / "landing", root / "onceflow"
-        self.log = root / "dagster_dev.log"
-        self.env = dagster_dev_env(
-            root / "dagster_home",
-            pg_dsn=self.dsn,
-            lake=self.lake,
-            landing=self.landing,
-            onceflow_home=self.home,
-            extra={"ONCEFLOW_SENSOR_INTERVAL_S": "5"},
-        )
-        self.dev: DagsterDev | None = None
-        self.default_sensors: dict[str, str] = {}
-        self._used = False
-        self._fresh_state()
-
-    def _fresh_state(self) -> None:
-        """An empty database of the same name (the code server's DSN) and empty folders; the
-        ledger prepared while no sensor runs, so its schema creation cannot race theirs."""
-        name = psycopg.sql.Identifier(self.database)
-        with psycopg.connect(self.server_dsn, autocommit=True) as conn:
-            conn.execute(psycopg.sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(name))
-            conn.execute(psycopg.sql.SQL("CREATE DATABASE {}").format(name))
-        for folder in (self.lake, self.landing, self.home):
-            shutil.rmtree(folder, ignore_errors=True)
-            folder.mkdir(parents=True)
-        self.probe = LedgerProbe(self.dsn, self.home, self.lake, self.landing)
-
-    def begin_scenario(self) -> DagsterDev:
-        """The instance as new for the next scenario (see the module's docstring)."""
-        assert self.dev is not None
-        if self._used:
-            self.dev.begin_scenario(SETTLE_TIMEOUT_S)
-            self._fresh_state()
-            # The sensors as a new instance has them (the ledger is prepared by now).
-            for name, status in self.default_sensors.items():
-                if status == "RUNNING":
-                    self.dev.start_sensor(name)
-        self._used = True
-        return self.dev
-
-    def drop(self) -> None:
-        name = psycopg.sql.Identifier(self.database)
-        with psycopg.connect(self.server_dsn, autocommit=True) as conn:
-            conn.execute(psycopg.sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(name))
-
-
-@pytest.fixture(scope="module")
-def shared_dev(pg_server_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedDev]:
-    shared = SharedDev(pg_server_dsn, tmp_path_factory.mktemp("dagster_dev"))
-    try:
-        started = time.monotonic()
-        with running_dagster_dev(shared.env, shared.log) as dev:
-            print(f"dagster dev ready in {time.monotonic() - started:.1f}s")
-            shared.dev = dev
-            shared.default_sensors = dev.sensors()
-            yield shared
-    finally:
-        shared.drop()
-
-
 @pytest.fixture()
-def dagster_dev(shared_dev: SharedDev) -> DagsterDev:
-    return shared_dev.begin_scenario()
-
-
-# The scenario's database and folders: the shared instance's, not a fresh pair of the test's.
-@pytest.fixture()
-def pg_dsn(dagster_dev: DagsterDev, shared_dev: SharedDev) -> str:
-    return shared_dev.dsn
-
-
-@pytest.fixture()
-def lake(dagster_dev: DagsterDev, shared_dev: SharedDev) -> Path:
-    return shared_dev.lake
-
-
-@pytest.fixture()
-def landing(dagster_dev: DagsterDev, shared_dev: SharedDev) -> Path:
-    return shared_dev.landing
-
-
-@pytest.fixture()
-def artifacts(shared_dev: SharedDev) -> Iterator[Path]:
+def artifacts() -> Path:
     shutil.rmtree(ARTIFACTS, ignore_errors=True)
     ARTIFACTS.mkdir(parents=True)
-    yield ARTIFACTS
-    shutil.copy(shared_dev.log, ARTIFACTS / "dagster_dev.log")
+    return ARTIFACTS
+
+
+@pytest.fixture()
+def dagster_dev(
+    pg_dsn: str, lake: Path, landing: Path, tmp_path: Path, artifacts: Path
+) -> Iterator[DagsterDev]:
+    env = dagster_dev_env(
+        tmp_path / "dagster_home",
+        pg_dsn=pg_dsn,
+        lake=lake,
+        landing=landing,
+        onceflow_home=tmp_path / "onceflow",
+    )
+    with running_dagster_dev(env, artifacts / "dagster_dev.log") as server:
+        yield server
 
 
 @pytest.fixture()
@@ -541,7 +439,6 @@ def quiet_instance(dev: DagsterDev) -> None:
         dev.stop_schedule(name)
 
 
-@pytest.mark.browser
 def test_operator_launches_runs_backfill_and_restatement_from_the_ui(
     dagster_dev: DagsterDev,
     browser: Chromium,
@@ -626,92 +523,3 @@ def test_operator_launches_runs_backfill_and_restatement_from_the_ui(
             table = browser.wait_js(f"the lineage table of {sink}", LINEAGE_TABLE, 15)
             ui.shot(f"lineage_{sink}")  # scrolled to the table
             assert table["rows"] >= 2, table  # windows 1 and 2
-
-
-# -- the follow run ---------------------------------------------------------------------------
-
-FOLLOW_JOB = f"{JOB}_follow_job"
-START_TIMEOUT_S = 240  # a sensor request until its run is started (a fresh worker's imports)
-DONE_TIMEOUT_S = 420  # landed input until every sink holds it
-
-
-def _follow_run(exclude: set[str]):
-    def find(runs: list[dict]) -> dict | None:
-        return next(
-            (
-                r
-                for r in runs
-                if r["jobName"] == FOLLOW_JOB
-                and r["status"] == "STARTED"
-                and r["runId"] not in exclude
-            ),
-            None,
-        )
-
-    return find
-
-
-def _all_in(probe: LedgerProbe) -> bool:
-    work = pending_work(probe.engine)
-    return not work.pending_windows and not work.unplanned
-
-
-@pytest.mark.slow
-@pytest.mark.dagster
-@pytest.mark.timeout(1800)
-def test_follow_run_commits_makes_way_and_survives_a_killed_worker(
-    dagster_dev: DagsterDev, shared_dev: SharedDev, pg_dsn: str, lake: Path, landing: Path
-) -> None:
-    dev, probe = dagster_dev, shared_dev.probe
-    try:
-        with dev.described_on_failure():
-            for name in (f"{JOB}_new_data_sensor", f"{JOB}_failure_sensor"):
-                dev.start_sensor(name)
-            dev.stop_sensor("daily_totals_new_data_sensor")
-            for name in (f"{JOB}_reconcile_schedule", "daily_totals_reconcile_schedule"):
-                dev.stop_schedule(name)
-
-            land(landing, seed=21)
-            first = wait_run(dev, "the sensor's follow run", _follow_run(set()), START_TIMEOUT_S)
-            assert first["tags"]["dagster/sensor_name"] == f"{JOB}_new_data_sensor"
-            wait_for("the first files in every sink", lambda: _all_in(probe), DONE_TIMEOUT_S, 1)
-            # A file landing while it follows is committed by the same run.
-            land(landing, seed=22)
-            wait_for("a file landed while following", lambda: _all_in(probe), DONE_TIMEOUT_S, 1)
-            assert dev.run(first["runId"])["status"] == "STARTED"
-
-            # A backfill launched from the launchpad: the follow run makes way and ends well.
-            backfill = dev.launch(RUN_JOB, {"ops": {f"{JOB}_run": {"config": {"windows": "1"}}}})
-            wait_run(dev, "the backfill", status_of(backfill, ("SUCCESS",)), START_TIMEOUT_S * 2)
-            assert dev.run(first["runId"])["status"] == "SUCCESS"
-
-            # The backfill over, the sensor starts following again, with no input waiting.
-            second = wait_run(
-                dev, "the next follow run", _follow_run({first["runId"]}), START_TIMEOUT_S
-            )
-            assert second["tags"]["onceflow/unplanned_units"] == "0", second["tags"]
-            # It commits the next input; its worker dies with SIGKILL while more input lands.
-            # Dagster's run retry and the failure sensor's recovery follow.
-            land(landing, seed=23)
-            wait_for("the third files in every sink", lambda: _all_in(probe), DONE_TIMEOUT_S, 1)
-            kill_tree(run_worker(dev, second["runId"]))
-            land(landing, seed=24)
-            wait_run(
-                dev,
-                "the killed follow run marked failed",
-                status_of(second["runId"], ("FAILURE",)),
-                120,
-            )
-            wait_for("the input after the kill in every sink", lambda: _all_in(probe), 600, 1)
-
-            dev.stop_sensor(f"{JOB}_new_data_sensor")
-            dev.stop_sensor(f"{JOB}_failure_sensor")
-            runs = dev.runs()
-            jobs = {r["jobName"] for r in runs}
-            assert FOLLOW_JOB in jobs and RUN_JOB in jobs, runs
-            assert_exact(expected_outputs(landing), actual_outputs(pg_dsn, lake))
-    except BaseException:
-        KILLED_ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        if shared_dev.log.exists():
-            shutil.copy(shared_dev.log, KILLED_ARTIFACTS / "follow_dagster_dev.log")
-        raise
