@@ -18,8 +18,10 @@ in `window_fields`, and the task takes those from the window's parameters.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
+import re
 import time
 import uuid
 from abc import ABC, abstractmethod
@@ -43,6 +45,35 @@ _RESULT_SCHEMA = "writer STRING, result STRING"
 WRITERS_PARAM = "writers"
 # The tag column of the union of outputs, and the prefix of their struct columns.
 _TAG = "__writers_output"
+# How a writer's failure on an executor reads in the Spark error the driver gets, so the driver
+# tells it from the computation's own errors (`failed_writer`).
+_FAILED = "onceflow writer failed: "
+_FAILED_PATTERN = re.compile(re.escape(_FAILED) + r"(\S+) \((\w+)\)")
+
+
+class WriterFailed(RuntimeError):
+    """A writer's own failure on an executor (its retries spent); its message names the writer
+    and the error's type, never values (the error is chained for the worker's log)."""
+
+    def __init__(self, writer: str, error: BaseException) -> None:
+        super().__init__(f"{_FAILED}{writer} ({type(error).__name__})")
+
+
+@contextlib.contextmanager
+def _as_writer(key: str) -> Iterator[None]:
+    try:
+        yield
+    except WriterFailed:
+        raise
+    except Exception as exc:
+        raise WriterFailed(key, exc) from exc
+
+
+def failed_writer(error: BaseException) -> str | None:
+    """`writer (ErrorType)` when `error` (a failed Spark job) is a writer's failure; None when
+    the job failed elsewhere (the computation of its rows, the cluster)."""
+    found = _FAILED_PATTERN.search(str(error))
+    return f"{found[1]} ({found[2]})" if found else None
 
 
 class PartitionHandle(ABC):
@@ -118,18 +149,29 @@ def _partition_function(
         context = TaskContext.get()
         partition = context.partitionId() if context is not None else 0
         groups = planned if plan is None else _for_window(planned, plan)
-        handles = [[writer.open(partition) for writer in group] for group in groups]
+        handles: list[list[PartitionHandle]] = []
+        for group in groups:
+            handles.append([])
+            for writer in group:
+                with _as_writer(writer.key):
+                    handles[-1].append(writer.open(partition))
+        # The batches are pulled outside any writer's guard: an error computing them is the
+        # computation's, not a writer's.
         for batch in batches:
-            for i, group_handles in enumerate(handles):
+            for i, (group, group_handles) in enumerate(zip(groups, handles, strict=True)):
                 rows = batch
                 if tagged:
                     rows = batch.filter(pc.equal(batch.column(_TAG), i))
                     rows = pa.RecordBatch.from_struct_array(rows.column(f"{_TAG}_{i}"))
                 if rows.num_rows:
-                    for handle in group_handles:
-                        handle.write(rows)
+                    for writer, handle in zip(group, group_handles, strict=True):
+                        with _as_writer(writer.key):
+                            handle.write(rows)
         writers = [writer for group in groups for writer in group]
-        closed = close_all([h for group_handles in handles for h in group_handles])
+        closed = close_all(
+            [h for group_handles in handles for h in group_handles],
+            [w.key for w in writers],
+        )
         results = [json.dumps(result) for result in closed]
         yield pa.RecordBatch.from_pydict(
             {"writer": [w.key for w in writers], "result": results},
@@ -156,16 +198,26 @@ def _for_window(
     return [[writer.for_window(next(values)) for writer in group] for group in groups]
 
 
-def close_all(handles: Sequence[PartitionHandle]) -> list[dict[str, Any]]:
+def close_all(
+    handles: Sequence[PartitionHandle], keys: Sequence[str] | None = None
+) -> list[dict[str, Any]]:
     """Close `handles` at once, each in a thread of its own; their results in order.
 
     A handle's close is mostly a wait (a COPY's server ingesting the rows, a file's last
     upload): one after another, those waits add up at the end of the window's one task, while
-    each other process idles. Every close runs to its end; the first failure is raised."""
+    each other process idles. Every close runs to its end; the first failure is raised (a
+    `WriterFailed` naming its writer, given the writers' `keys`)."""
+
+    def close(i: int) -> dict[str, Any]:
+        if keys is None:
+            return handles[i].close()
+        with _as_writer(keys[i]):
+            return handles[i].close()
+
     if len(handles) < 2:
-        return [h.close() for h in handles]
+        return [close(i) for i in range(len(handles))]
     with ThreadPoolExecutor(len(handles), thread_name_prefix="onceflow-close") as pool:
-        futures = [pool.submit(h.close) for h in handles]
+        futures = [pool.submit(close, i) for i in range(len(handles))]
     return [f.result() for f in futures]
 
 
