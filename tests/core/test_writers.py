@@ -80,7 +80,15 @@ def test_each_writer_gets_exactly_its_outputs_rows(
     writers.append(_writer("narrow", "payments", frames["payments"], tmp_path, narrow))
     writers += [_writer(name, name, frames[name], tmp_path) for name in outputs[1:]]
 
-    results = run_writers(frames, writers)
+    # Two measures computed in the same job, one of two rows whose objects merge.
+    counts = frames["payments"].selectExpr("to_json(named_struct('rows', count(1))) AS result")
+    both = counts.unionAll(
+        frames["payments"].selectExpr("to_json(named_struct('negative', count_if(amount < 0)))")
+    )
+    job = run_writers(frames, writers, {"counts": counts, "both": both})
+    assert job.measured == {"counts": {"rows": 41}, "both": {"rows": 41, "negative": 20}}
+    results = job.written
+    assert set(results) == {w.key for w in writers}
 
     assert _written(tmp_path, "all") == _expected(frames["payments"])
     assert _written(tmp_path, "narrow") == _expected(frames["payments"], narrow)
@@ -107,7 +115,7 @@ def test_a_writers_plan_runs_again_with_each_windows_own_fields(spark: Any, tmp_
         now = writers(folder)
         assert plan.fits(frames, now)
         with window_params.bound(spark, {"window_id": 1, WRITERS_PARAM: plan.params(now)}):
-            results = plan.run(now)
+            results = plan.run(now).written
         for name in ("payments", "totals"):
             parts = [p for p in results[name] if p["rows"]]
             assert parts and all(p["path"].startswith(f"{folder}/") for p in parts)

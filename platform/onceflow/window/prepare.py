@@ -22,6 +22,7 @@ from onceflow.sinks.base import SinkGroup, WindowWrite
 from onceflow.sinks.contract import SinkOutcome
 from onceflow.sinks.writers import (
     PartitionWriter,
+    WriteResults,
     WritersPlan,
     failed_writer,
     rows_written,
@@ -106,9 +107,10 @@ def prepare(
             )
             faults.point("keys_staging", window.window_id)
             writers.append(prepared.keys)
-        prepared.results = _write(ctx, window, out, writers, epoch)
+        job = _write(ctx, window, out, writers, epoch)
+        prepared.results = job.written
         prepared.result.compute_s = time.monotonic() - started
-        prepared.result.stats = out.counted(prepared.results, writers)
+        prepared.result.stats = out.counted(job, writers)
         confirm(ctx, out)
     except BaseException:
         discard(ctx, prepared)
@@ -174,7 +176,7 @@ def _write(
     out: WindowOutputs,
     writers: list[PartitionWriter],
     epoch: int,
-) -> dict[str, list[dict[str, Any]]]:
+) -> WriteResults:
     """Run every writer in one Spark job (built once per plan slot when the outputs come
     from one); nothing is committed before `finish`.
 
@@ -186,10 +188,10 @@ def _write(
     try:
         if out.slot is None:
             with out.bound(spark):
-                return run_writers(out.frames, writers, out.count_frames(writers))
+                return run_writers(out.frames, writers, out.measures(writers))
         plan = ctx.plans.writes.get(out.slot)
         if plan is None or not plan.fits(out.frames, writers):
-            plan = WritersPlan(out.frames, writers, out.count_frames(writers))
+            plan = WritersPlan(out.frames, writers, out.measures(writers))
             ctx.plans.writes[out.slot] = plan
         cache_kept = out.computed is not None and out.computed.cache_kept
         with out.bound(spark, plan, writers):
