@@ -79,7 +79,7 @@ def new_path(spark: Any, dsn: str, frame: Any, window_id: int) -> tuple[float, i
     marked = frame.mapInArrow(lookup, lookup.struct(frame.schema)).cache()
     kept = marked.where(~marked[SEEN_COL]).selectExpr(KEY_COL, f"{window_id} AS window_id")
     writer = index.staging_writer("keys", window_id, "bench")
-    rows = rows_written(run_writers({"keys": kept}, [writer])[writer.key])
+    rows = rows_written(run_writers({"keys": kept}, [writer]).written[writer.key])
     with psycopg.connect(dsn) as conn:
         assert index.add(conn, writer.table, [window_id], rows)
         conn.rollback()  # keep the history as it is for the next repeat

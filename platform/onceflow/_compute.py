@@ -34,10 +34,6 @@ if TYPE_CHECKING:
     from onceflow.settings import Settings
 
 
-# The writer name under which `Computed.counts_frame` reports.
-COUNTS = "__counts"
-
-
 @dataclass(frozen=True)
 class Computed:
     """A computation's cached intermediates and its outputs (with WINDOW_COL if asked for).
@@ -65,8 +61,8 @@ class Computed:
     _rdds: list[Any] = dataclasses.field(default_factory=list, repr=False, compare=False)
 
     def counts_frame(self) -> DataFrame:
-        """Rows `(writer, result)` as `sinks.writers.run_writers` returns them: writer COUNTS,
-        results the JSON of the rows read (`rows_in`), invalid and kept (two rows, or one).
+        """The window's counts as a measure of its write job (`sinks.writers.run_writers`): JSON
+        objects of the rows read (`rows_in`), invalid and kept (two rows, or one).
 
         A union, not a join of the two counts: a join would broadcast one side in a Spark job
         of its own, before the window's write job. Kept rows that are parsed rows filtered are
@@ -74,18 +70,15 @@ class Computed:
         subquery run as a job of its own)."""
         if self.kept_where is not None:
             return self.parsed.selectExpr(
-                f"{spark_sql_string(COUNTS)} AS writer",
                 "to_json(named_struct('rows_in', count(1), 'invalid', "
                 f"count({spark_sql_name(REASON_COLUMN)}), 'kept', count_if({self.kept_where})))"
                 " AS result",
             )
         read = self.parsed.selectExpr(
-            f"{spark_sql_string(COUNTS)} AS writer",
             "to_json(named_struct('rows_in', count(1), 'invalid', "
             f"count({spark_sql_name(REASON_COLUMN)}))) AS result",
         )
         kept = self.kept.selectExpr(
-            f"{spark_sql_string(COUNTS)} AS writer",
             "to_json(named_struct('kept', count(1))) AS result",
         )
         return read.unionAll(kept)

@@ -232,7 +232,7 @@ def copy_frame(
     """COPY `df`'s `columns` into `onceflow.<table>` on the executors; return the rows copied
     (as the executors report them: check the table's count against it, `lock_and_count`)."""
     writer = CopyWriter(table, "df", dsn, app_name, table, columns, retry_s, fence)
-    return rows_written(run_writers({"df": df}, [writer])[writer.key])
+    return rows_written(run_writers({"df": df}, [writer]).written[writer.key])
 
 
 def lock_and_count(

@@ -38,7 +38,7 @@ def spill(df: DataFrame, location: Location) -> DataFrame:
         df.write.mode("overwrite").parquet(location.uri)
         return df.sparkSession.read.schema(df.schema).parquet(location.uri)
     writer = ParquetFileWriter("spill", "df", location, "", spark_schema_to_arrow(df))
-    results = run_writers({"df": df}, [writer])["spill"]
+    results = run_writers({"df": df}, [writer]).written["spill"]
     uris = [(location / r["path"]).uri for r in results if r.get("rows")]
     if not uris:
         return df.sparkSession.createDataFrame([], df.schema)
@@ -108,7 +108,7 @@ class WindowStage:
         from onceflow.sinks.writers import ParquetFileWriter, run_writers, spark_schema_to_arrow
 
         writer = ParquetFileWriter(name, name, self.root, name, spark_schema_to_arrow(df))
-        results = run_writers({name: df}, [writer])[name]
+        results = run_writers({name: df}, [writer]).written[name]
         self._files[name] = sorted(r["path"] for r in results if r.get("rows"))
         self._schemas[name] = df.schema.json()
         return self._read(df.sparkSession, name, df.schema)

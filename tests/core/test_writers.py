@@ -17,8 +17,11 @@ from onceflow.sinks.writers import (
     WRITERS_PARAM,
     ParquetFileWriter,
     PartitionHandle,
+    PartitionWriter,
+    WriterFailed,
     WritersPlan,
     close_all,
+    failed_writer,
     rows_written,
     run_writers,
     spark_schema_to_arrow,
@@ -77,7 +80,15 @@ def test_each_writer_gets_exactly_its_outputs_rows(
     writers.append(_writer("narrow", "payments", frames["payments"], tmp_path, narrow))
     writers += [_writer(name, name, frames[name], tmp_path) for name in outputs[1:]]
 
-    results = run_writers(frames, writers)
+    # Two measures computed in the same job, one of two rows whose objects merge.
+    counts = frames["payments"].selectExpr("to_json(named_struct('rows', count(1))) AS result")
+    both = counts.unionAll(
+        frames["payments"].selectExpr("to_json(named_struct('negative', count_if(amount < 0)))")
+    )
+    job = run_writers(frames, writers, {"counts": counts, "both": both})
+    assert job.measured == {"counts": {"rows": 41}, "both": {"rows": 41, "negative": 20}}
+    results = job.written
+    assert set(results) == {w.key for w in writers}
 
     assert _written(tmp_path, "all") == _expected(frames["payments"])
     assert _written(tmp_path, "narrow") == _expected(frames["payments"], narrow)
@@ -104,7 +115,7 @@ def test_a_writers_plan_runs_again_with_each_windows_own_fields(spark: Any, tmp_
         now = writers(folder)
         assert plan.fits(frames, now)
         with window_params.bound(spark, {"window_id": 1, WRITERS_PARAM: plan.params(now)}):
-            results = plan.run(now)
+            results = plan.run(now).written
         for name in ("payments", "totals"):
             parts = [p for p in results[name] if p["rows"]]
             assert parts and all(p["path"].startswith(f"{folder}/") for p in parts)
@@ -153,3 +164,62 @@ def test_a_partitions_handles_close_at_once_and_every_one_closes() -> None:
     with pytest.raises(OSError, match="the upload failed"):
         close_all(handles)
     assert all(h.closed for h in handles)  # a failure does not leave the others open
+
+
+class _FailingHandle(PartitionHandle):
+    def __init__(self, at: str) -> None:
+        self.at = at
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        if self.at == "write":
+            raise ConnectionResetError("secret-value in a message")
+
+    def close(self) -> dict[str, Any]:
+        if self.at == "close":
+            raise OSError("the upload failed")
+        return {"rows": 0}
+
+
+class _FailingWriter(PartitionWriter):
+    def __init__(self, key: str, output: str, at: str) -> None:
+        self.key = key
+        self.output = output
+        self.at = at
+
+    def open(self, partition: int) -> PartitionHandle:
+        if self.at == "open":
+            raise PermissionError("no staging table")
+        return _FailingHandle(self.at)
+
+
+@pytest.mark.parametrize(
+    ("at", "error"),
+    [("write", "ConnectionResetError"), ("close", "OSError")],
+)
+def test_a_writers_failure_is_told_from_the_computations(
+    spark: Any, tmp_path: Path, at: str, error: str
+) -> None:
+    """The window's write job is not run again when it fails: the driver needs to know whether
+    a writer failed (retryable, the writer named) or the rows' computation did (the job's own
+    error, raised as it is)."""
+    frames = {"payments": _payments(spark), "totals": spark.range(5).selectExpr("id AS k")}
+    writers = [
+        _writer("ok", "payments", frames["payments"], tmp_path),
+        _FailingWriter("pg_totals", "totals", at),
+    ]
+    with pytest.raises(Exception) as failed:
+        run_writers(frames, writers)
+    assert failed_writer(failed.value) == f"pg_totals ({error})"
+    assert "secret-value" not in str(
+        WriterFailed("pg_totals", ConnectionResetError("secret-value"))
+    )
+
+    def bad_rows(batches: Any) -> Any:
+        for batch in batches:
+            raise ZeroDivisionError("the transform divided by zero")
+            yield batch
+
+    broken = {"payments": _payments(spark).mapInArrow(bad_rows, PAYMENTS_DDL)}
+    with pytest.raises(Exception, match="the transform divided by zero") as computed:
+        run_writers(broken, [_writer("ok2", "payments", frames["payments"], tmp_path)])
+    assert failed_writer(computed.value) is None

@@ -11,6 +11,10 @@ column of its own, tagged with the output's number, in a union of the outputs. S
 builds one `mapInArrow` UDF, not one per output (each costs the driver about 30 round trips to
 the JVM, and the task a Python evaluation of its own), and the worker splits each batch by tag.
 
+The same job computes the window's *measures* (`run_writers`' `measures`): small aggregates
+such as the rows read, invalid and kept, each a frame of JSON objects, brought back beside the
+writers' results (`WriteResults.measured`) without a Spark job of their own.
+
 A run whose windows share one plan (`_window_params`) builds that frame once per slot too
 (`WritersPlan`): a writer names what differs from window to window (a staging table, a folder)
 in `window_fields`, and the task takes those from the window's parameters.
@@ -18,20 +22,23 @@ in `window_fields`, and the task takes those from the window's parameters.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
+import re
 import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from functools import reduce
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from onceflow._identifiers import spark_sql_name
+from onceflow._identifiers import spark_sql_name, spark_sql_string
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -43,6 +50,37 @@ _RESULT_SCHEMA = "writer STRING, result STRING"
 WRITERS_PARAM = "writers"
 # The tag column of the union of outputs, and the prefix of their struct columns.
 _TAG = "__writers_output"
+# In the job's `(writer, result)` rows, a measure's rows are under this prefix and its name.
+_MEASURE = "\x00measure:"
+# How a writer's failure on an executor reads in the Spark error the driver gets, so the driver
+# tells it from the computation's own errors (`failed_writer`).
+_FAILED = "onceflow writer failed: "
+_FAILED_PATTERN = re.compile(re.escape(_FAILED) + r"(\S+) \((\w+)\)")
+
+
+class WriterFailed(RuntimeError):
+    """A writer's own failure on an executor (its retries spent); its message names the writer
+    and the error's type, never values (the error is chained for the worker's log)."""
+
+    def __init__(self, writer: str, error: BaseException) -> None:
+        super().__init__(f"{_FAILED}{writer} ({type(error).__name__})")
+
+
+@contextlib.contextmanager
+def _as_writer(key: str) -> Iterator[None]:
+    try:
+        yield
+    except WriterFailed:
+        raise
+    except Exception as exc:
+        raise WriterFailed(key, exc) from exc
+
+
+def failed_writer(error: BaseException) -> str | None:
+    """`writer (ErrorType)` when `error` (a failed Spark job) is a writer's failure; None when
+    the job failed elsewhere (the computation of its rows, the cluster)."""
+    found = _FAILED_PATTERN.search(str(error))
+    return f"{found[1]} ({found[2]})" if found else None
 
 
 class PartitionHandle(ABC):
@@ -118,18 +156,29 @@ def _partition_function(
         context = TaskContext.get()
         partition = context.partitionId() if context is not None else 0
         groups = planned if plan is None else _for_window(planned, plan)
-        handles = [[writer.open(partition) for writer in group] for group in groups]
+        handles: list[list[PartitionHandle]] = []
+        for group in groups:
+            handles.append([])
+            for writer in group:
+                with _as_writer(writer.key):
+                    handles[-1].append(writer.open(partition))
+        # The batches are pulled outside any writer's guard: an error computing them is the
+        # computation's, not a writer's.
         for batch in batches:
-            for i, group_handles in enumerate(handles):
+            for i, (group, group_handles) in enumerate(zip(groups, handles, strict=True)):
                 rows = batch
                 if tagged:
                     rows = batch.filter(pc.equal(batch.column(_TAG), i))
                     rows = pa.RecordBatch.from_struct_array(rows.column(f"{_TAG}_{i}"))
                 if rows.num_rows:
-                    for handle in group_handles:
-                        handle.write(rows)
+                    for writer, handle in zip(group, group_handles, strict=True):
+                        with _as_writer(writer.key):
+                            handle.write(rows)
         writers = [writer for group in groups for writer in group]
-        closed = close_all([h for group_handles in handles for h in group_handles])
+        closed = close_all(
+            [h for group_handles in handles for h in group_handles],
+            [w.key for w in writers],
+        )
         results = [json.dumps(result) for result in closed]
         yield pa.RecordBatch.from_pydict(
             {"writer": [w.key for w in writers], "result": results},
@@ -156,16 +205,26 @@ def _for_window(
     return [[writer.for_window(next(values)) for writer in group] for group in groups]
 
 
-def close_all(handles: Sequence[PartitionHandle]) -> list[dict[str, Any]]:
+def close_all(
+    handles: Sequence[PartitionHandle], keys: Sequence[str] | None = None
+) -> list[dict[str, Any]]:
     """Close `handles` at once, each in a thread of its own; their results in order.
 
     A handle's close is mostly a wait (a COPY's server ingesting the rows, a file's last
     upload): one after another, those waits add up at the end of the window's one task, while
-    each other process idles. Every close runs to its end; the first failure is raised."""
+    each other process idles. Every close runs to its end; the first failure is raised (a
+    `WriterFailed` naming its writer, given the writers' `keys`)."""
+
+    def close(i: int) -> dict[str, Any]:
+        if keys is None:
+            return handles[i].close()
+        with _as_writer(keys[i]):
+            return handles[i].close()
+
     if len(handles) < 2:
-        return [h.close() for h in handles]
+        return [close(i) for i in range(len(handles))]
     with ThreadPoolExecutor(len(handles), thread_name_prefix="onceflow-close") as pool:
-        futures = [pool.submit(h.close) for h in handles]
+        futures = [pool.submit(close, i) for i in range(len(handles))]
     return [f.result() for f in futures]
 
 
@@ -179,36 +238,44 @@ def _needed(df: DataFrame, group: Sequence[PartitionWriter]) -> list[str]:
     return needed
 
 
+@dataclass
+class WriteResults:
+    """What one write job brought back to the driver.
+
+    Attributes:
+        written: Each writer's results by its key, one per partition of its output.
+        measured: Each measure's values by its name, its rows' JSON objects merged.
+    """
+
+    written: dict[str, list[dict[str, Any]]]
+    measured: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
 def run_writers(
     outputs: Mapping[str, DataFrame],
     writers: Sequence[PartitionWriter],
-    also: Sequence[DataFrame] = (),
-) -> dict[str, list[dict[str, Any]]]:
-    """Write every output with its writers in one Spark job.
+    measures: Mapping[str, DataFrame] | None = None,
+) -> WriteResults:
+    """Write every output with its writers, and compute `measures`, in one Spark job.
 
     Args:
         outputs: The frames, by output name.
         writers: The writers.
-        also: Frames of `(writer STRING, result STRING)` rows (JSON results) computed in the
-            same job, such as counts.
-
-    Returns:
-        For each writer's key, its results, one per partition of its output (and each `also`
-        row under its writer name).
+        measures: Aggregates by name, each a frame of one string column of JSON objects.
     """
-    return _collect(_writers_frame(outputs, writers, also), writers)
+    return _collect(_writers_frame(outputs, writers, measures or {}), writers)
 
 
 def _writers_frame(
     outputs: Mapping[str, DataFrame],
     writers: Sequence[PartitionWriter],
-    also: Sequence[DataFrame],
+    measures: Mapping[str, DataFrame],
     plan: str | None = None,
 ) -> DataFrame | None:
     """The frame of `run_writers`' one Spark job (None: nothing to run)."""
     keys = [w.key for w in writers]
-    if len(set(keys)) != len(keys):
-        raise ValueError(f"writer keys must be unique, got {keys}")
+    if len(set(keys)) != len(keys) or any(k.startswith(_MEASURE) for k in keys):
+        raise ValueError(f"writer keys must be unique names, got {keys}")
     by_output = _by_output(writers)
     frames = []
     if len(by_output) == 1:
@@ -234,18 +301,27 @@ def _writers_frame(
         union = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), tagged)
         function = _partition_function([g for _, g in groups], tagged=True, plan=plan)
         frames.append(union.mapInArrow(function, _RESULT_SCHEMA))
-    frames += list(also)
+    for name, measure in measures.items():
+        [column] = measure.columns
+        frames.append(
+            measure.selectExpr(
+                f"{spark_sql_string(_MEASURE + name)} AS writer",
+                f"{spark_sql_name(column)} AS result",
+            )
+        )
     return reduce(lambda a, b: a.unionAll(b), frames) if frames else None
 
 
-def _collect(
-    frame: DataFrame | None, writers: Sequence[PartitionWriter]
-) -> dict[str, list[dict[str, Any]]]:
-    results: dict[str, list[dict[str, Any]]] = {w.key: [] for w in writers}
+def _collect(frame: DataFrame | None, writers: Sequence[PartitionWriter]) -> WriteResults:
+    results = WriteResults({w.key: [] for w in writers})
     if frame is None:
         return results
     for row in frame.collect():
-        results.setdefault(row["writer"], []).append(json.loads(row["result"]))
+        name, value = row["writer"], json.loads(row["result"])
+        if name.startswith(_MEASURE):
+            results.measured.setdefault(name.removeprefix(_MEASURE), {}).update(value)
+        else:
+            results.written.setdefault(name, []).append(value)
     return results
 
 
@@ -267,12 +343,12 @@ class WritersPlan:
         self,
         outputs: Mapping[str, DataFrame],
         writers: Sequence[PartitionWriter],
-        also: Sequence[DataFrame] = (),
+        measures: Mapping[str, DataFrame] | None = None,
     ) -> None:
         self.id = uuid.uuid4().hex
         self.outputs = dict(outputs)
         self.writers = list(writers)
-        self._frame = _writers_frame(outputs, writers, also, plan=self.id)
+        self._frame = _writers_frame(outputs, writers, measures or {}, plan=self.id)
 
     def fits(self, outputs: Mapping[str, DataFrame], writers: Sequence[PartitionWriter]) -> bool:
         """Whether the plan writes `writers` from `outputs` (the very frames it was built on)."""
@@ -288,9 +364,7 @@ class WritersPlan:
         groups = _by_output(writers).values()
         return {"plan": self.id, "values": [w.window_values() for g in groups for w in g]}
 
-    def run(
-        self, writers: Sequence[PartitionWriter], *, cache_kept: bool = False
-    ) -> dict[str, list[dict[str, Any]]]:
+    def run(self, writers: Sequence[PartitionWriter], *, cache_kept: bool = False) -> WriteResults:
         """Run the job for `writers` (inside `_window_params.bound` with `params(writers)`).
 
         `cache_kept`: the cache entries the plan reads are the ones it was first run with

@@ -76,7 +76,7 @@ def ensure_index(ctx: JobContext, window_id: int, epoch: int | None = None) -> I
         rows = 0
         if seen is not None:
             frame = key_frame(seen, dedupe.key, "__seen_in")
-            rows = rows_written(run_writers({KEYS_OUTPUT: frame}, [writer])[writer.key])
+            rows = rows_written(run_writers({KEYS_OUTPUT: frame}, [writer]).written[writer.key])
 
         def add(conn: Any) -> bool:
             return index.add(conn, writer.table, missing, rows)

@@ -5,14 +5,16 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import reduce
 from typing import TYPE_CHECKING, Any
 
 from onceflow import _window_params as window_params
-from onceflow._compute import COUNTS, Computed
+from onceflow._compute import Computed
 from onceflow._keyindex import Basis, StagedKeys
 from onceflow.sinks.writers import (
     WRITERS_PARAM,
     PartitionWriter,
+    WriteResults,
     WritersPlan,
     rows_written,
     run_writers,
@@ -23,9 +25,10 @@ if TYPE_CHECKING:
 
 # The internal output carrying a window's kept dedupe keys to the key index's staging table.
 KEYS_OUTPUT = "__dedupe_keys"
-# Under this prefix and an output's name, the sink write reports the rows of an output that no
-# writer writes this time (its sinks held the window).
-_ROWS = "__rows/"
+# The measures of a window's write job that make its stats: the rows read, invalid and kept;
+# and the rows of each output that no writer writes this time (its sinks held the window).
+_COUNTS = "counts"
+_UNWRITTEN_ROWS = "unwritten_rows"
 
 
 @dataclass
@@ -69,37 +72,32 @@ class WindowOutputs:
             params = {**params, WRITERS_PARAM: writers.params(written)}
         return window_params.bound(spark, params)
 
-    def count_frames(self, writers: Sequence[PartitionWriter]) -> list[DataFrame]:
+    def measures(self, writers: Sequence[PartitionWriter]) -> dict[str, DataFrame]:
         """What the sink write computes too, to know the stats (`counted`): the counts, and
         the rows of each output that no writer writes (a writer counts its output's rows)."""
         if self.stats is not None or self.computed is None:
-            return []
+            return {}
         from pyspark.sql import functions as F
 
         written = {w.output for w in writers}
-        return [self.computed.counts_frame()] + [
-            df.agg(
-                F.lit(_ROWS + name).alias("writer"),
-                F.to_json(F.struct(F.count(F.lit(1)).alias("rows"))).alias("result"),
-            )
+        measures = {_COUNTS: self.computed.counts_frame()}
+        unwritten = [
+            df.agg(F.to_json(F.create_map(F.lit(name), F.count(F.lit(1)))).alias("result"))
             for name, df in self.frames.items()
-            if name not in written
+            if name not in written and name != KEYS_OUTPUT
         ]
+        if unwritten:
+            measures[_UNWRITTEN_ROWS] = reduce(lambda a, b: a.unionAll(b), unwritten)
+        return measures
 
-    def counted(
-        self,
-        results: Mapping[str, Sequence[Mapping[str, Any]]],
-        writers: Sequence[PartitionWriter],
-    ) -> dict[str, Any]:
-        """The stats, from a sink write that ran `count_frames(writers)`."""
+    def counted(self, job: WriteResults, writers: Sequence[PartitionWriter]) -> dict[str, Any]:
+        """The stats, from a sink write that computed `measures(writers)`."""
         if self.stats is None:
-            counts = {k: v for part in results[COUNTS] for k, v in part.items()}
-            self.stats = window_stats(counts, quarantine=self.quarantine)
-            by_output = {w.output: rows_written(results[w.key]) for w in writers}
+            self.stats = window_stats(job.measured[_COUNTS], quarantine=self.quarantine)
+            by_output = {w.output: rows_written(job.written[w.key]) for w in writers}
+            unwritten = job.measured.get(_UNWRITTEN_ROWS, {})
             self.stats["outputs"] = {
-                name: by_output[name]
-                if name in by_output
-                else rows_written(results.get(_ROWS + name, []))
+                name: by_output[name] if name in by_output else int(unwritten.get(name, 0))
                 for name in self.frames
                 if name != KEYS_OUTPUT
             }
@@ -108,7 +106,7 @@ class WindowOutputs:
     def count(self) -> dict[str, Any]:
         """The stats, counted now (one Spark job) if no sink write counted them."""
         if self.stats is None:
-            return self.counted(run_writers(self.frames, [], self.count_frames([])), [])
+            return self.counted(run_writers(self.frames, [], self.measures([])), [])
         return self.stats
 
     def release(self) -> None:

@@ -20,7 +20,14 @@ from onceflow.errors import LedgerError, TransientSinkError
 from onceflow.ledger import Window
 from onceflow.sinks.base import SinkGroup, WindowWrite
 from onceflow.sinks.contract import SinkOutcome
-from onceflow.sinks.writers import PartitionWriter, WritersPlan, rows_written, run_writers
+from onceflow.sinks.writers import (
+    PartitionWriter,
+    WriteResults,
+    WritersPlan,
+    failed_writer,
+    rows_written,
+    run_writers,
+)
 from onceflow.window.compute import confirm, outputs
 from onceflow.window.context import JobContext
 from onceflow.window.keys import ensure_index
@@ -100,9 +107,10 @@ def prepare(
             )
             faults.point("keys_staging", window.window_id)
             writers.append(prepared.keys)
-        prepared.results = _write(ctx, window, out, writers, prepared.writes, epoch)
+        job = _write(ctx, window, out, writers, epoch)
+        prepared.results = job.written
         prepared.result.compute_s = time.monotonic() - started
-        prepared.result.stats = out.counted(prepared.results, writers)
+        prepared.result.stats = out.counted(job, writers)
         confirm(ctx, out)
     except BaseException:
         discard(ctx, prepared)
@@ -167,46 +175,36 @@ def _write(
     window: Window,
     out: WindowOutputs,
     writers: list[PartitionWriter],
-    writes: list[tuple[SinkGroup, WindowWrite]],
     epoch: int,
-) -> dict[str, list[dict[str, Any]]]:
+) -> WriteResults:
     """Run every writer in one Spark job (built once per plan slot when the outputs come
-    from one). If that job fails, each group's writers (and the key index's) run again on
-    their own, unless a newer run took over (staging copies refuse then); nothing is
-    committed before `finish`."""
+    from one); nothing is committed before `finish`.
+
+    A failed job is not run again here (one layer of retries per concern, docs/design.md):
+    a newer run that took over fences this one; a writer's failure (its own retries spent)
+    is a `TransientSinkError`, for the orchestrator's retry; any other failure, such as the
+    job's own transform raising, is raised as it is."""
     spark = ctx.spark_or_none
     try:
         if out.slot is None:
             with out.bound(spark):
-                return run_writers(out.frames, writers, out.count_frames(writers))
+                return run_writers(out.frames, writers, out.measures(writers))
         plan = ctx.plans.writes.get(out.slot)
         if plan is None or not plan.fits(out.frames, writers):
-            plan = WritersPlan(out.frames, writers, out.count_frames(writers))
+            plan = WritersPlan(out.frames, writers, out.measures(writers))
             ctx.plans.writes[out.slot] = plan
         cache_kept = out.computed is not None and out.computed.cache_kept
         with out.bound(spark, plan, writers):
             return plan.run(writers, cache_kept=cache_kept)
     except Exception as exc:
-        _log.warning(
-            "window %d: the write job failed (%s); writing each sink group on its own",
-            window.window_id,
-            type(exc).__name__,
-        )
-    if ctx.exactly_once:
-        ctx.ledger.check_epoch(epoch)
-    with out.bound(spark):
-        out.count()
-        grouped = [write.writers for _, write in writes]
-        grouped.append([w for w in writers if not any(w in g for g in grouped)])
-        results: dict[str, list[dict[str, Any]]] = {}
-        for group_writers in grouped:
-            try:
-                results.update(run_writers(out.frames, group_writers))
-            except Exception as exc:
-                # A server that is gone is named as such (after its retries), not as a write.
-                ctx.ledger.ping("reach the server after a failed write")
-                raise TransientSinkError(
-                    f"window {window.window_id}: writing its rows failed on an executor "
-                    f"({type(exc).__name__}); nothing was committed. Run the job again."
-                ) from None
-        return results
+        if ctx.exactly_once:
+            ctx.ledger.check_epoch(epoch)
+        failed = failed_writer(exc)
+        if failed is None:
+            raise
+        # A server that is gone is named as such (after its retries), not as a write.
+        ctx.ledger.ping("reach the server after a failed write")
+        raise TransientSinkError(
+            f"window {window.window_id}: writing its rows failed on an executor ({failed}); "
+            f"nothing was committed. Run the job again."
+        ) from None

@@ -384,7 +384,7 @@ class DeltaTableSink:
     def write_files(self, df: DataFrame, window_id: int, epoch: int) -> list[AddAction]:
         """Have the executors write `df` as Parquet into the table folder; return add actions."""
         writer = self.file_writer("files", "df", spark_schema_to_arrow(df), window_id, epoch)
-        return add_actions(run_writers({"df": df}, [writer])[writer.key])
+        return add_actions(run_writers({"df": df}, [writer]).written[writer.key])
 
     def commit_files(
         self,

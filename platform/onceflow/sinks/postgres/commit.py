@@ -201,7 +201,7 @@ class Transaction:
             [spec], window_id, epoch, tag, fenced=fenced, available=available
         )
         try:
-            rows = rows_written(run_writers({spec.output: df}, [writer])[writer.key])
+            rows = rows_written(run_writers({spec.output: df}, [writer]).written[writer.key])
         except Exception as exc:
             raise TransientSinkError(
                 f"copy into staging failed on an executor ({type(exc).__name__})"
