@@ -1,14 +1,14 @@
 """Reconcile explains itself, by key only, and an upsert sink's expected state is what the run
 applies: the last window's row per key wins, also over a window reconcile cannot recompute.
 
-The user's job (tests/support/user_project): its first run in-process on the session's Spark
-(`onceflow.ops.run`; the CLI finding the job is test_user_jobs.py's), reconcile through the real
-CLI."""
+The user's job (tests/support/user_project), in-process on the session's Spark through
+`onceflow.ops` (a CLI process adds a JVM start and nothing this test asserts): the CLI finding the
+job is test_user_jobs.py's, `reconcile --dry-run --json` test_user_bug_fixable.py's, the text
+report and its exit codes test_sink_state.py's and test_s3_lake.py's."""
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +17,11 @@ import pytest
 
 from onceflow import ops
 from onceflow._diff import DiffSample
+from onceflow.errors import OnceflowError
 from onceflow.reconcile import ReconcileReport, SinkDiff, format_report
 from onceflow.settings import Settings
-from tests.support.cli import CliRun, Finished, cli_env
 from tests.support.orders_data import (
     FOLDER,
-    USER_PROJECT,
     assert_orders_exact,
     one_file_per_window,
     user_project_on_path,
@@ -34,10 +33,6 @@ from tests.support.orders_data import (
 _VALUES = ("eve", "grace", "zed", "heidi", "999", "4200", "4201", "77")
 
 
-def _cli(env: dict[str, str], logs: Path, *args: str) -> Finished:
-    return CliRun(list(args), env, logs).finish()
-
-
 def _table(dsn: str) -> list[tuple[Any, ...]]:
     with psycopg.connect(dsn) as conn:
         return sorted(conn.execute("SELECT xmin::text, * FROM public.orders").fetchall())
@@ -47,16 +42,11 @@ def _table(dsn: str) -> list[tuple[Any, ...]]:
 def test_reconcile_of_an_upsert_sink_names_keys_and_repairs_exactly(
     spark: Any, pg_dsn: str, tmp_path: Path, lake: Path, landing: Path
 ) -> None:
-    env = cli_env(home=tmp_path / "home", dsn=pg_dsn, lake=lake, landing=landing)
-    env["ONCEFLOW_JOBS"] = "orders_jobs"
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(USER_PROJECT), env.get("PYTHONPATH", "")) if p
-    )
-    logs = tmp_path / "logs"
     write_orders(landing)
     settings = Settings(home=tmp_path / "home", postgres_dsn=pg_dsn, lake=lake, landing=landing)
     with user_project_on_path() as user:
-        ops.run(user.ORDERS, settings, spark=spark, dsn=pg_dsn, max_units_per_window=1)
+        orders = user.ORDERS
+        ops.run(orders, settings, spark=spark, dsn=pg_dsn, max_units_per_window=1)
     windows = one_file_per_window()
     assert_orders_exact(pg_dsn, windows)  # o2 of window 1 overwritten by window 3
 
@@ -75,12 +65,16 @@ def test_reconcile_of_an_upsert_sink_names_keys_and_repairs_exactly(
         conn.execute("UPDATE public.orders SET customer = 'eve' WHERE order_id = 'o8'")
         conn.execute("CREATE UNIQUE INDEX orders_customer_key ON public.orders (customer)")
 
-    dry = _cli(env, logs, "reconcile", "orders", "--dry-run", "--json")
-    assert dry.returncode == 0, dry.stderr[-3000:]
-    report = json.loads(dry.stdout)
+    def reconcile(dry_run: bool = False) -> ReconcileReport:
+        with user_project_on_path():
+            return ops.reconcile(orders, settings, spark=spark, dsn=pg_dsn, dry_run=dry_run)
+
+    # The report as `reconcile --dry-run --json` prints it.
+    dry = json.dumps(reconcile(dry_run=True).as_json(), indent=2, default=str)
+    report = json.loads(dry)
     sinks = {s["sink"]: s for s in report["sinks"]}
     pg = sinks["pg_orders"]
-    assert (pg["missing"], pg["extra"], pg["changed"]) == (1, 1, 1), dry.stdout
+    assert (pg["missing"], pg["extra"], pg["changed"]) == (1, 1, 1), dry
     assert pg["first_differences"] == [
         {"kind": "changed", "key": {"order_id": "o7"}, "rows": 1,
          "expected_window": 2, "actual_window": 2},
@@ -89,33 +83,33 @@ def test_reconcile_of_an_upsert_sink_names_keys_and_repairs_exactly(
         {"kind": "missing", "key": {"order_id": "o5"}, "rows": 1,
          "expected_window": 2, "actual_window": None},
     ]  # fmt: skip
-    assert sinks["orders_quarantine"]["clean"], dry.stdout
+    assert sinks["orders_quarantine"]["clean"], dry
     assert [u["window_id"] for u in report["unverifiable"]] == [3]
     assert report["windows_checked"] == [1, 2]
-    assert not any(value in dry.stdout.lower() for value in _VALUES), dry.stdout
+    assert not any(value in dry.lower() for value in _VALUES), dry
 
     # The repair cannot apply under the user's index: it says which key, and changes nothing.
     before = _table(pg_dsn)
-    refused = _cli(env, logs, "reconcile", "orders")
-    assert refused.returncode == 1, refused.stderr[-3000:]
-    assert "PostgreSQL refused the repair (UniqueViolation" in refused.stderr
-    assert "constraint orders_customer_key" in refused.stderr
-    assert "the rows to insert for order_id=o5 collide with rows the table keeps" in (
-        refused.stderr
-    )
-    assert not any(value in refused.stderr.lower() for value in _VALUES), refused.stderr
+    # What the CLI prints on stderr is `exc.message`, and exits with `ops.exit_code(exc)`.
+    with pytest.raises(OnceflowError) as refused:
+        reconcile()
+    assert ops.exit_code(refused.value) == ops.EXIT_FAILED == 1
+    message = ops.redact(refused.value.message)
+    assert "PostgreSQL refused the repair (UniqueViolation" in message
+    assert "constraint orders_customer_key" in message
+    assert "the rows to insert for order_id=o5 collide with rows the table keeps" in message
+    assert not any(value in message.lower() for value in _VALUES), message
     assert _table(pg_dsn) == before
 
     with psycopg.connect(pg_dsn) as conn:
         conn.execute("DROP INDEX public.orders_customer_key")
         conn.execute("UPDATE public.orders SET customer = 'heidi' WHERE order_id = 'o8'")
-    repaired = _cli(env, logs, "reconcile", "orders")
-    assert repaired.returncode == 0, repaired.stderr[-3000:]
+    repaired = format_report(reconcile())  # as `reconcile` prints it
     assert "pg_orders changed: order_id=o7 (expected from window 2, held from window 2)" in (
-        repaired.stdout
+        repaired
     )
-    assert "pg_orders missing: order_id=o5 (expected from window 2)" in repaired.stdout
-    assert "pg_orders extra: order_id=o99 (held from window 2)" in repaired.stdout
+    assert "pg_orders missing: order_id=o5 (expected from window 2)" in repaired
+    assert "pg_orders extra: order_id=o99 (held from window 2)" in repaired
     assert_orders_exact(pg_dsn, windows)
 
 

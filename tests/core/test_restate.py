@@ -13,6 +13,7 @@ import pytest
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from onceflow import ops
 from onceflow.engine import Engine
 from onceflow.errors import SinkError
 from onceflow.generate import generate_payments
@@ -22,7 +23,8 @@ from onceflow.registry import get_job
 from onceflow.restate import restate_windows
 from onceflow.settings import Settings
 from onceflow.status import format_status, job_status
-from tests.support.cli import CliRun
+from tests.support.cli import TEST_JVM_ENV, CliRun
+from tests.support.flat_fee_payments import FLAT_FEE
 from tests.support.oracle import Expected, expected_outputs, visible_files
 from tests.support.outputs import actual_outputs, assert_exact
 
@@ -78,6 +80,7 @@ def _cli_env(settings: Settings, **extra: str) -> dict[str, str]:
         ONCEFLOW_LAKE=str(settings.lake),
         ONCEFLOW_LANDING=str(settings.landing),
         PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+        **TEST_JVM_ENV,
         **extra,
     )
     return env
@@ -119,19 +122,20 @@ def test_range_restatement_killed_midway_changes_every_window_once(
     assert [r["window_id"] for r in status["restatements_pending"]] == [2, 3]
     assert "restatements not finished: window 2" in format_status(status)
 
+    # The rest in-process, on the session's Spark: the property is the killed process above;
+    # what finishes it is the same whoever calls it (the CLI only prints the results).
     if finished_by == "next_run":
-        args = ["run", "payments"]
-    else:
-        args = restate  # a retry of the request: the CLI gives it a new run id
-    done = CliRun(args, _cli_env(settings, **flat), logs).finish()
-    assert done.returncode == 0, done.stderr[-2000:]
+        ops.run(FLAT_FEE, settings, spark=spark, dsn=pg_dsn)
+    else:  # a retry of the request with a new run id, as the CLI gives one
+        ops.restate(FLAT_FEE, [1, 2, 3], settings, spark=spark, dsn=pg_dsn, request_id="fees-2026")
     assert job_status(Engine(job, settings, None, pg_dsn))["restatements_pending"] == []
     assert_exact(_flat_fee_expected(expected, set(files[:6])), actual_outputs(pg_dsn, lake))
 
     # And once more: the request is done, so nothing changes.
-    again = CliRun(restate, _cli_env(settings, **flat), logs).finish()
-    assert again.returncode == 0, again.stderr[-2000:]
-    assert again.stdout.count("already restated it") == 3
+    again = ops.restate(
+        FLAT_FEE, [1, 2, 3], settings, spark=spark, dsn=pg_dsn, request_id="fees-2026"
+    )
+    assert again.noop_windows == (1, 2, 3), again  # the CLI: "this request already restated it"
     assert_exact(_flat_fee_expected(expected, set(files[:6])), actual_outputs(pg_dsn, lake))
 
 

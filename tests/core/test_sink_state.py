@@ -12,13 +12,16 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 
+from onceflow import ops
 from onceflow.engine import Engine
-from onceflow.errors import LedgerError, SinkStateError
+from onceflow.errors import LedgerError, OnceflowError, SinkStateError
 from onceflow.generate import generate_payments
+from onceflow.jobs.payments import PAYMENTS
 from onceflow.reconcile import reconcile
 from onceflow.registry import get_job
 from onceflow.restate import restate_windows
@@ -57,12 +60,14 @@ def _wait_completed(dsn: str, count: int, proc: subprocess.Popen, timeout: float
     ["deleted", pytest.param("older_copy", marks=pytest.mark.exhaustive)],
 )
 def test_a_lake_lost_under_a_live_follow_run_stops_it_and_reconcile_makes_it_exact(
-    pg_dsn: str, tmp_path: Path, lake: Path, landing: Path, damage: str
+    spark: Any, pg_dsn: str, tmp_path: Path, lake: Path, landing: Path, damage: str
 ) -> None:
     """`run --follow` commits the first windows; the lake is deleted (or replaced by an older
     copy) while it waits; more files land. The follow run must stop with an error naming
     reconcile, never commit into a table made anew; the next `run` refuses; `reconcile`, then
-    `run`, end exact. PostgreSQL stays consistent at every step."""
+    `run`, end exact. PostgreSQL stays consistent at every step. The follow run and reconcile
+    are real CLI processes; the runs after them in-process on the session's Spark (`ops.run`,
+    what the CLI's `run` presents; its refusal's exit code: test_cli.py)."""
     source = tmp_path / "input"
     generate_payments(source, records=2400, files=8, duplicate_rate=0.25, invalid_rate=0.05)
     files = sorted((source / "payments").iterdir())
@@ -104,15 +109,16 @@ def test_a_lake_lost_under_a_live_follow_run_stops_it_and_reconcile_makes_it_exa
     assert "onceflow reconcile payments" in err, err[-3000:]
     assert_postgres_consistent(actual_outputs(pg_dsn, lake))
 
-    rerun = CliRun(["run", "payments"], env, home / "logs").finish()
-    assert rerun.returncode != 0, rerun.stdout
-    assert "onceflow reconcile payments" in rerun.stderr, rerun.stderr[-3000:]
+    settings = Settings(home=home, postgres_dsn=pg_dsn, lake=lake, landing=landing)
+    with pytest.raises(OnceflowError) as rerun:
+        ops.run(PAYMENTS, settings, spark=spark, dsn=pg_dsn)
+    assert ops.exit_code(rerun.value) != ops.EXIT_OK
+    assert "onceflow reconcile payments" in rerun.value.message, rerun.value.message
     assert_postgres_consistent(actual_outputs(pg_dsn, lake))
 
     fixed = CliRun(["reconcile", "payments"], env, home / "logs").finish()
     assert fixed.returncode == 0, fixed.stderr[-3000:]
-    final = CliRun(["run", "payments", "--max-files-per-window", "2"], env, home / "logs").finish()
-    assert final.returncode == 0, final.stderr[-3000:]
+    ops.run(PAYMENTS, settings, spark=spark, dsn=pg_dsn, max_units_per_window=2)
     assert_exact(expected_outputs(landing), actual_outputs(pg_dsn, lake))
 
 

@@ -20,13 +20,14 @@ from typing import Any
 import psycopg
 import pytest
 
-from onceflow import CsvSource, Dedupe, DeltaSink, Job, LandingSource, PostgresSink
+from onceflow import CsvSource, Dedupe, DeltaSink, Job, LandingSource, PostgresSink, ops
 from onceflow.engine import build_engine
 from onceflow.errors import ConfigurationError
 from onceflow.generate import generate_payments
 from onceflow.jobs.payments import PAYMENTS
 from onceflow.registry import JOBS_ENV, load_jobs
 from onceflow.settings import Settings
+from tests.support.cli import TEST_JVM_ENV
 from tests.support.orders_data import (
     FILES,
     JOB,
@@ -58,6 +59,7 @@ def _env(pg_dsn: str, lake: Path, landing: Path, home: Path, **extra: str) -> di
         ONCEFLOW_LANDING=str(landing),
         GX_ANALYTICS_ENABLED="false",
         ONCEFLOW_DEBUG="1",  # an unexpected error shows its traceback
+        **TEST_JVM_ENV,
     )
     env.update(extra)
     return env
@@ -113,7 +115,7 @@ def home(tmp_path: Path) -> Path:
 
 
 def test_cli_runs_a_user_job_named_in_onceflow_jobs(
-    pg_dsn: str, lake: Path, landing: Path, home: Path, tmp_path: Path
+    spark: Any, pg_dsn: str, lake: Path, landing: Path, home: Path, tmp_path: Path
 ) -> None:
     # The working folder has no pyproject.toml: only ONCEFLOW_JOBS and PYTHONPATH name the job.
     env = _env(
@@ -154,10 +156,14 @@ def test_cli_runs_a_user_job_named_in_onceflow_jobs(
     assert status["sinks"]["orders_quarantine"]["committed_through"] == 3
     assert status["lag"]["unplanned_units"] == 0
 
-    # A second run finds nothing new and writes nothing: not even identical values.
+    # A second run finds nothing new and writes nothing: not even identical values. It, and
+    # the reconcile below, run in-process on the same job and settings (the CLI only prints
+    # their results; a process would add a JVM start and nothing this test asserts).
+    settings = Settings(home=home, postgres_dsn=pg_dsn, lake=lake, landing=landing)
     before = _table_state(pg_dsn)
-    again = _cli(["run", JOB, "--max-files-per-window", "1"], env, tmp_path)
-    assert "0 window(s)" in again.stdout, again.stdout
+    with user_project_on_path() as project:
+        again = ops.run(project.ORDERS, settings, spark=spark, dsn=pg_dsn, max_units_per_window=1)
+    assert again.windows == (), again
     assert _table_state(pg_dsn) == before
 
     # Restating windows 1-2 replaces their effect; o2 keeps its window-3 row.
@@ -169,10 +175,12 @@ def test_cli_runs_a_user_job_named_in_onceflow_jobs(
     assert after["orders"] != before["orders"]  # window 1-2 rows were rewritten
     assert {r for r in after["orders"] if r[-1] == 3} == {r for r in before["orders"] if r[-1] == 3}
 
-    report = _cli(["reconcile", JOB, "--dry-run"], env, tmp_path)
-    lines = report.stdout.strip().splitlines()
-    assert lines[-1] == "clean", report.stdout
-    assert "windows checked: 1-3" in report.stdout
+    with user_project_on_path() as project:
+        done = ops.reconcile(project.ORDERS, settings, spark=spark, dsn=pg_dsn, dry_run=True)
+    report = ops.format_report(done)  # as `reconcile --dry-run` prints it
+    lines = report.strip().splitlines()
+    assert lines[-1] == "clean", report
+    assert "windows checked: 1-3" in report
     assert _table_state(pg_dsn) == after
 
 
