@@ -149,9 +149,11 @@ def build_history(settings: Settings, dsn: str, windows: int) -> None:
             "\n".join(json.dumps(a) for a in entry) + "\n"
         )
     template.unlink()
-    DeltaTable(str(path)).alter.set_table_properties(
-        {"delta.deletedFileRetentionDuration": "interval 0 seconds"}
-    )
+    table = DeltaTable(str(path))
+    table.alter.set_table_properties({"delta.deletedFileRetentionDuration": "interval 0 seconds"})
+    # The sink's commits go through delta-rs, whose post-commit hook writes a checkpoint every
+    # `delta.checkpointInterval` (100) versions: a table loads from its newest checkpoint.
+    DeltaTable(str(path)).create_checkpoint()
 
 
 def _median(fn: Callable[[], object], repeat: int) -> float:
