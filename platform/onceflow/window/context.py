@@ -107,6 +107,8 @@ class JobContext:
     def held(self, window_ids: Sequence[int]) -> dict[int, set[str]]:
         """For each window, the sinks that hold it (one look per group)."""
         state: dict[int, set[str]] = {wid: set() for wid in window_ids}
+        if not state:  # nothing to ask: no group loads its table for it
+            return state
         for group in self.groups:
             for sink, ids in group.held(window_ids).items():
                 for wid in ids:
