@@ -18,6 +18,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from deltalake import DeltaTable
 
 from onceflow import Settings, ops
 from onceflow.engine import Engine
@@ -45,15 +46,15 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """Counts of the reads that grow with the history: every window from the ledger, the
     whole Delta history, and log entries read by name."""
     counts = {"ledger_windows": 0, "delta_history": 0, "log_entries": 0, "lowest_entry": -1}
-    windows, history, entry = Ledger.windows, DeltaTableSink.history, DeltaTableSink.entry_actions
+    windows, history, entry = Ledger.windows, DeltaTable.history, DeltaTableSink.entry_actions
 
     def all_windows(self: Ledger, **kw: Any) -> Any:
         counts["ledger_windows"] += 1
         return windows(self, **kw)
 
-    def whole_history(self: DeltaTableSink) -> Any:
+    def whole_history(self: DeltaTable, *args: Any, **kw: Any) -> Any:
         counts["delta_history"] += 1
-        return history(self)
+        return history(self, *args, **kw)
 
     def by_name(self: DeltaTableSink, version: int) -> Any:
         if version > 0:  # entry 0 is read by name to tell that the table exists
@@ -63,7 +64,7 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
         return entry(self, version)
 
     monkeypatch.setattr(Ledger, "windows", all_windows)
-    monkeypatch.setattr(DeltaTableSink, "history", whole_history)
+    monkeypatch.setattr(DeltaTable, "history", whole_history)
     monkeypatch.setattr(DeltaTableSink, "entry_actions", by_name)
     return counts
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -92,6 +93,11 @@ class SinkGroup(ABC):
     @abstractmethod
     def held(self, window_ids: Sequence[int]) -> dict[str, set[int]]:
         """For each sink, which of `window_ids` it holds."""
+
+    def pinned(self) -> AbstractContextManager[None]:
+        """Within it, read-only checks may share one read of the sinks' state (start-up's
+        rebuild, retention check and epoch floor); nothing is committed within it."""
+        return nullcontext()
 
     def held_floor(self) -> int:
         """A window id through which `held` would say every sink of the group holds every

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import secrets
 from collections.abc import Sequence
+from contextlib import ExitStack
 from typing import TYPE_CHECKING
 
 from onceflow._keyindex import KeyIndex
@@ -190,9 +191,12 @@ class JobContext:
         if self.index is not None:
             self.index.reset()
         self.prepare()
-        self.rebuild_ledger()
-        self.check_retention()
-        floor = max(self.sink_epoch_floor(), self.ledger.epoch_floor())
+        with ExitStack() as pins:  # read-only checks: one snapshot of each sink's state
+            for group in self.groups:
+                pins.enter_context(group.pinned())
+            self.rebuild_ledger()
+            self.check_retention()
+            floor = max(self.sink_epoch_floor(), self.ledger.epoch_floor())
         epoch = self.ledger.acquire_epoch(run_id, floor=floor)
         for group in self.groups:
             group.claim_epoch(epoch)

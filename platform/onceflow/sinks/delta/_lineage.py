@@ -85,3 +85,23 @@ def commits_after(sink: DeltaTableSink, after: int) -> list[tuple[int, dict[str,
         found.append((window, dict(info)))
     found.sort(key=lambda f: f[0])
     return found
+
+
+def window_history(sink: DeltaTableSink) -> list[dict[str, Any]]:
+    """This job's window commits recorded in the table, oldest window first.
+
+    Only the entries the log still has: after log cleanup (see `first_entry`) the oldest
+    windows are missing from it."""
+    from onceflow.sinks.delta.table import META_PREFIX
+
+    if not sink.exists():
+        return []
+    out = [
+        entry
+        for entry in sink.table().history()
+        if entry.get(f"{META_PREFIX}job") == sink.job
+        and entry.get(f"{META_PREFIX}sink", sink.sink) == sink.sink
+        and f"{META_PREFIX}window_id" in entry
+    ]
+    out.sort(key=lambda e: int(e[f"{META_PREFIX}window_id"]))
+    return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +24,7 @@ from onceflow.sinks.base import (
     TableFacts,
     WindowWrite,
 )
-from onceflow.sinks.delta._lineage import commits_after, window_commits
+from onceflow.sinks.delta._lineage import commits_after, window_commits, window_history
 from onceflow.sinks.delta._reconcile import reconcile_delta
 from onceflow.sinks.delta.spec import DeltaSink
 from onceflow.sinks.delta.table import (
@@ -115,6 +116,9 @@ class DeltaGroup(SinkGroup):
         through = table.transaction_version(self.table.app_id) or 0  # type: ignore[attr-defined]
         return {self.spec.name: {w for w in window_ids if w <= through}}
 
+    def pinned(self) -> AbstractContextManager[None]:
+        return self.table.pinned()
+
     def held_floor(self) -> int:
         # `held` answers "every window up to the app transaction's version" for the recorded
         # table, and none for another table.
@@ -168,7 +172,7 @@ class DeltaGroup(SinkGroup):
                 json.loads(entry[f"{META_PREFIX}offsets"]),
                 int(entry[f"{META_PREFIX}epoch"]),
             )
-            for entry in self.table.history()
+            for entry in window_history(self.table)
         ]
 
     def commit_records(self, window_ids: Sequence[int]) -> dict[str, dict[int, CommitRecord]]:
