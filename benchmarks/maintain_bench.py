@@ -4,7 +4,8 @@ For each history size (100, 10,000, optionally 100,000 windows) a job with one D
 that many completed windows, built quickly: the ledger's `windows` and `source_units` rows by
 one `generate_series` insert, the Delta log by writing one commit entry per window directly
 (each adding one small Parquet file, with the window's app transaction and offsets, as the
-sink's commit writes them). Then, without Spark, it times (median of `--repeat`):
+sink's commit writes them) and a checkpoint at the end, as delta-rs's commits write one every
+100 versions. Then, without Spark, it times (median of `--repeat`):
 
 - start-up of a writing run (`JobContext.start`: ledger rebuild from the sinks, retention
   check, new epoch claimed in the table, the ledger's self-check),
@@ -16,7 +17,7 @@ snapshot read (`DeltaTable.to_pyarrow_table`) before and after `ops.maintain`, a
 rows written in one commit. A follow window's latency and an incremental reconcile need Spark
 and are not timed here.
 
-    .venv/bin/python benchmarks/maintain_bench.py --sizes 100,10000,100000
+    .venv/bin/python benchmarks/maintain_bench.py --sizes 100,10000,100000 --maintain-max 10000
 """
 
 from __future__ import annotations
