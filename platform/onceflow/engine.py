@@ -53,7 +53,7 @@ class Engine(JobContext):
         were never completed; a window abandoned for a sink (`onceflow windows abandon`) is a
         known gap there, not a lacking window.
         """
-        return holds.lacking(self, self.ledger.windows())
+        return holds.lacking(self, holds.completed_unverified(self))
 
     def check_sinks_hold_completed(self) -> None:
         """Refuse to compute anything while a sink lacks windows the ledger says it holds."""

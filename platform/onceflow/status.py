@@ -6,6 +6,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from onceflow._ledger_scan import window_summary
 from onceflow.errors import ConfigurationError
 from onceflow.runs.changed import changed_input, changed_input_message
 from onceflow.sources.base import ChangedUnit
@@ -140,8 +141,8 @@ def job_status(engine: Engine, lineage_windows: int = RECENT_WINDOWS) -> dict[st
 
     engine.prepare()
     ledger = engine.ledger
-    windows = ledger.windows()
-    recent = windows[-RECENT_WINDOWS:]
+    summary = window_summary(ledger, RECENT_WINDOWS)
+    recent = summary.recent
     held = engine.held([w.window_id for w in recent])
     abandoned = ledger.abandoned_reasons()
     gaps: dict[int, list[str]] = {}
@@ -155,7 +156,7 @@ def job_status(engine: Engine, lineage_windows: int = RECENT_WINDOWS) -> dict[st
     unplanned = engine.unplanned_units()
     ages = [a for u in unplanned if (a := source.unit_age_s(settings, u)) is not None]
     sizes = [s for u in unplanned if (s := source.unit_size(settings, u)) is not None]
-    changed = changed_input(engine, windows)
+    changed = changed_input(engine)
     return {
         "job": engine.job.name,
         "source": source.describe(),
@@ -166,14 +167,10 @@ def job_status(engine: Engine, lineage_windows: int = RECENT_WINDOWS) -> dict[st
         ],
         "guarantee": engine.job.guarantee.value,
         "epoch": ledger.current_epoch(),
-        "windows": len(windows),
-        "last_window": windows[-1].window_id if windows else 0,
-        "pending": [w.window_id for w in windows if not w.completed and w.skipped is None],
-        "skipped": [
-            {"window_id": w.window_id, "reason": w.skipped}
-            for w in windows
-            if w.skipped is not None
-        ],
+        "windows": summary.count,
+        "last_window": summary.last,
+        "pending": summary.pending,
+        "skipped": [{"window_id": wid, "reason": reason} for wid, reason in summary.skipped],
         "abandoned": [
             {"window_id": wid, "sink": sink, "reason": reason} for wid, sink, reason in abandoned
         ],

@@ -6,7 +6,8 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from onceflow.sources.base import ChangedUnit
+from onceflow._ledger_scan import windows_of_units
+from onceflow.sources.base import ChangedUnit, Source
 
 if TYPE_CHECKING:
     from onceflow.ledger import Window
@@ -23,7 +24,16 @@ def changed_input(engine: JobContext, windows: Sequence[Window] | None = None) -
     """Input of completed windows that changed after they committed (size or modification
     time differs from the window's offsets): the job never reads it again, so its new
     content is not delivered. Files that are gone are not listed."""
-    every = engine.ledger.windows() if windows is None else windows
+    if windows is None:
+        source = engine.job.source
+        if type(source).changed_after_commit is Source.changed_after_commit:
+            return []  # a kind whose input cannot change after it committed
+        # Only input still visible can be reported: the windows that took it, not every
+        # window ever (a producer that cleans up committed input keeps this small).
+        units = source.discover(engine.settings, None)
+        every: Sequence[Window] = windows_of_units(engine.ledger, units)
+    else:
+        every = windows
     committed = {w.window_id: w.offsets for w in every if w.completed and w.skipped is None}
     return engine.job.source.changed_after_commit(engine.settings, committed)
 

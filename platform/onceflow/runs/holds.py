@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from onceflow._ledger_scan import windows_above
 from onceflow.errors import LedgerError, SinkStateError
 from onceflow.job import Guarantee
 from onceflow.ledger import Window
@@ -25,6 +26,12 @@ def lacking(ctx: JobContext, windows: Sequence[Window]) -> dict[str, list[int]]:
     return out
 
 
+def completed_unverified(ctx: JobContext) -> list[Window]:
+    """The completed windows above the sinks' held floor: the only ones a sink can lack (a
+    table lost or restored from an older copy lowers the floor, so they are read again)."""
+    return windows_above(ctx.ledger, ctx.held_floor(), completed_only=True)
+
+
 def replay_problems(ctx: JobContext, window: Window) -> list[str]:
     """What keeps `window` from being computed again (its input gone or changed, and no
     complete stage of it); empty when it can be replayed."""
@@ -43,7 +50,7 @@ def check_sinks_hold_completed(ctx: JobContext) -> None:
     job = ctx.job
     if job.guarantee is Guarantee.NONE:
         return
-    lacks = lacking(ctx, ctx.ledger.windows())
+    lacks = lacking(ctx, completed_unverified(ctx))
     problems = {k: v for group in ctx.groups for k, v in group.state_problems().items()}
     if not lacks and not problems:
         return
@@ -52,7 +59,7 @@ def check_sinks_hold_completed(ctx: JobContext) -> None:
         + [f"{name} {problem}" for name, problem in problems.items()]
     )
     ids = {wid for wids in lacks.values() for wid in wids}
-    windows = [w for w in ctx.ledger.windows() if w.window_id in ids]
+    windows = [w for w in windows_above(ctx.ledger, min(ids) - 1) if w.window_id in ids]
     gone = [w.window_id for w in windows if replay_problems(ctx, w)]
     lost = (
         f" The input of windows {format_windows(gone)} is gone: no replay can bring them "

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from collections.abc import Set as AbstractSet
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -32,6 +32,7 @@ from onceflow.storage import Location
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
+    from onceflow._ledger_scan import KnownWindows
     from onceflow.job import Job
     from onceflow.ledger import Ledger, Window
     from onceflow.quality.target import Target
@@ -93,6 +94,16 @@ class SinkGroup(ABC):
     def held(self, window_ids: Sequence[int]) -> dict[str, set[int]]:
         """For each sink, which of `window_ids` it holds."""
 
+    def pinned(self) -> AbstractContextManager[None]:
+        """Within it, read-only checks may share one read of the sinks' state (start-up's
+        rebuild, retention check and epoch floor); nothing is committed within it."""
+        return nullcontext()
+
+    def held_floor(self) -> int:
+        """A window id through which `held` would say every sink of the group holds every
+        window it is asked about, told without listing them (0: ask about every window)."""
+        return 0
+
     def state_problems(self) -> dict[str, str]:
         """For each sink not in the state the ledger expects, beyond windows it lacks (`held`
         tells those): what is wrong, e.g. restatements it lost. Empty when all is well."""
@@ -112,8 +123,10 @@ class SinkGroup(ABC):
         """For each sink, the highest window id it holds (0 for none)."""
 
     @abstractmethod
-    def recorded_windows(self) -> list[RecordedWindow]:
-        """Every window the sinks' commit records name, with its offsets and epoch."""
+    def recorded_windows(self, after: int = 0) -> list[RecordedWindow]:
+        """Every window above `after` the sinks' commit records name, with its offsets and
+        epoch (`after`: the ledger has every window through it, so older records are not
+        read)."""
 
     def commit_records(self, window_ids: Sequence[int]) -> dict[str, dict[int, CommitRecord]]:
         """For each sink, its own record of the commit that wrote each of `window_ids` (those
@@ -121,7 +134,7 @@ class SinkGroup(ABC):
         run completed shows that commit in lineage. Empty for kinds that keep none."""
         return {}
 
-    def unrecorded(self, known: AbstractSet[int]) -> str | None:
+    def unrecorded(self, known: KnownWindows) -> str | None:
         """Why the sinks' commit records may not name every window they hold that is not in
         `known` (None when they do): a ledger rebuilt from them would plan that input again."""
         return None

@@ -6,10 +6,12 @@ from __future__ import annotations
 import logging
 import secrets
 from collections.abc import Sequence
+from contextlib import ExitStack
 from typing import TYPE_CHECKING
 
 from onceflow._keyindex import KeyIndex
 from onceflow._ledger_check import check_ledger
+from onceflow._ledger_scan import known_windows, unindexed_windows
 from onceflow._staging import WindowStage
 from onceflow.errors import ConfigurationError, LedgerError
 from onceflow.job import Guarantee, Job
@@ -106,11 +108,18 @@ class JobContext:
     def held(self, window_ids: Sequence[int]) -> dict[int, set[str]]:
         """For each window, the sinks that hold it (one look per group)."""
         state: dict[int, set[str]] = {wid: set() for wid in window_ids}
+        if not state:  # nothing to ask: no group loads its table for it
+            return state
         for group in self.groups:
             for sink, ids in group.held(window_ids).items():
                 for wid in ids:
                     state[wid].add(sink)
         return state
+
+    def held_floor(self) -> int:
+        """A window id through which every sink holds every window the ledger expects of it
+        (`SinkGroup.held_floor`): the checks of what the sinks hold look only above it."""
+        return min((group.held_floor() for group in self.groups), default=0)
 
     def committed_sinks(self, window_id: int) -> set[str]:
         """The sinks that hold `window_id`."""
@@ -144,21 +153,23 @@ class JobContext:
         without it, planned input would be planned again as new windows).
         """
         job = self.job
-        known = {w.window_id for w in self.ledger.windows()}
+        # The ledger has every window through `known.through`: only records above it are read,
+        # so a whole ledger costs a count and the sinks' entries since, not their history.
+        known = known_windows(self.ledger)
         found: dict[int, Window] = {}
         for group in self.groups:
-            for rec in group.recorded_windows():
+            for rec in group.recorded_windows(after=known.through):
                 if rec.window_id not in known and rec.window_id not in found:
                     found[rec.window_id] = Window(job.name, rec.window_id, rec.offsets, rec.epoch)
         # A sink whose records no longer name every window it holds (a cleaned-up Delta log)
         # cannot rebuild the ledger: the input of the unnamed windows would be planned again.
-        gaps = [gap for group in self.groups if (gap := group.unrecorded(known | found.keys()))]
+        whole = known.with_ids(found.keys())
+        gaps = [gap for group in self.groups if (gap := group.unrecorded(whole))]
         if gaps:
             raise LedgerError(f"job {job.name}: " + " ".join(gaps) + " Nothing was planned.")
         for wid in sorted(found):
             self.ledger.restore_window(found[wid], job.source.units(found[wid].offsets))
-        indexed = self.ledger.indexed_windows()
-        missing = [w for w in self.ledger.windows() if w.window_id not in indexed]
+        missing = unindexed_windows(self.ledger)
         self.ledger.restore_units(
             (unit, w.window_id) for w in missing for unit in job.source.units(w.offsets)
         )
@@ -180,9 +191,12 @@ class JobContext:
         if self.index is not None:
             self.index.reset()
         self.prepare()
-        self.rebuild_ledger()
-        self.check_retention()
-        floor = max(self.sink_epoch_floor(), self.ledger.epoch_floor())
+        with ExitStack() as pins:  # read-only checks: one snapshot of each sink's state
+            for group in self.groups:
+                pins.enter_context(group.pinned())
+            self.rebuild_ledger()
+            self.check_retention()
+            floor = max(self.sink_epoch_floor(), self.ledger.epoch_floor())
         epoch = self.ledger.acquire_epoch(run_id, floor=floor)
         for group in self.groups:
             group.claim_epoch(epoch)

@@ -49,3 +49,59 @@ def window_commits(
         if window <= lowest or len(found) == len(wanted):
             break
     return found
+
+
+def commits_after(sink: DeltaTableSink, after: int) -> list[tuple[int, dict[str, Any]]]:
+    """(window id, commit info) of every window commit above window `after` the log still
+    names, oldest window first.
+
+    Read newest first by name down to the commit of window `after` (windows commit in
+    order), so a ledger that knows every window through `after` costs the entries since,
+    not the whole log. Nothing when the table holds no window above `after`. Stops at an
+    entry log cleanup removed (`DeltaGroup.unrecorded` tells whether that matters)."""
+    if not sink.exists():
+        return []
+    table = sink.table()
+    if (table.transaction_version(sink.app_id) or 0) <= after:
+        return []
+    found: list[tuple[int, dict[str, Any]]] = []
+    for version in range(table.version(), -1, -1):
+        actions = sink.entry_actions(version)
+        if actions is None:
+            break
+        window = next(
+            (
+                int(a["txn"]["version"])
+                for a in actions
+                if "txn" in a and a["txn"].get("appId") == sink.app_id
+            ),
+            None,
+        )
+        if window is None:
+            continue  # an epoch claim, a restatement, maintenance
+        if window <= after:
+            break
+        info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+        found.append((window, dict(info)))
+    found.sort(key=lambda f: f[0])
+    return found
+
+
+def window_history(sink: DeltaTableSink) -> list[dict[str, Any]]:
+    """This job's window commits recorded in the table, oldest window first.
+
+    Only the entries the log still has: after log cleanup (see `first_entry`) the oldest
+    windows are missing from it."""
+    from onceflow.sinks.delta.table import META_PREFIX
+
+    if not sink.exists():
+        return []
+    out = [
+        entry
+        for entry in sink.table().history()
+        if entry.get(f"{META_PREFIX}job") == sink.job
+        and entry.get(f"{META_PREFIX}sink", sink.sink) == sink.sink
+        and f"{META_PREFIX}window_id" in entry
+    ]
+    out.sort(key=lambda e: int(e[f"{META_PREFIX}window_id"]))
+    return out

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
-from collections.abc import Set as AbstractSet
+from contextlib import AbstractContextManager
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +24,7 @@ from onceflow.sinks.base import (
     TableFacts,
     WindowWrite,
 )
-from onceflow.sinks.delta._lineage import window_commits
+from onceflow.sinks.delta._lineage import commits_after, window_commits, window_history
 from onceflow.sinks.delta._reconcile import reconcile_delta
 from onceflow.sinks.delta.spec import DeltaSink
 from onceflow.sinks.delta.table import (
@@ -40,6 +40,7 @@ from onceflow.windows import WINDOW_COL, parse_interval
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
+    from onceflow._ledger_scan import KnownWindows
     from onceflow.ledger import Window
     from onceflow.quality.target import Target
     from onceflow.sinks.maintenance import Hold, Options, TableMaintained
@@ -115,6 +116,17 @@ class DeltaGroup(SinkGroup):
         through = table.transaction_version(self.table.app_id) or 0  # type: ignore[attr-defined]
         return {self.spec.name: {w for w in window_ids if w <= through}}
 
+    def pinned(self) -> AbstractContextManager[None]:
+        return self.table.pinned()
+
+    def held_floor(self) -> int:
+        # `held` answers "every window up to the app transaction's version" for the recorded
+        # table, and none for another table.
+        table = self._recorded_table()
+        if table is None:
+            return 0
+        return table.transaction_version(self.table.app_id) or 0  # type: ignore[attr-defined]
+
     def state_problems(self) -> dict[str, str]:
         table = self._recorded_table()
         if table is None or not self._checked:
@@ -143,14 +155,24 @@ class DeltaGroup(SinkGroup):
     def committed_through(self) -> dict[str, int]:
         return {self.spec.name: self.table.committed_through()}
 
-    def recorded_windows(self) -> list[RecordedWindow]:
+    def recorded_windows(self, after: int = 0) -> list[RecordedWindow]:
+        if after > 0:
+            return [
+                RecordedWindow(
+                    window,
+                    json.loads(info[f"{META_PREFIX}offsets"]),
+                    int(info[f"{META_PREFIX}epoch"]),
+                )
+                for window, info in commits_after(self.table, after)
+                if f"{META_PREFIX}offsets" in info and f"{META_PREFIX}epoch" in info
+            ]
         return [
             RecordedWindow(
                 int(entry[f"{META_PREFIX}window_id"]),
                 json.loads(entry[f"{META_PREFIX}offsets"]),
                 int(entry[f"{META_PREFIX}epoch"]),
             )
-            for entry in self.table.history()
+            for entry in window_history(self.table)
         ]
 
     def commit_records(self, window_ids: Sequence[int]) -> dict[str, dict[int, CommitRecord]]:
@@ -359,7 +381,7 @@ class DeltaGroup(SinkGroup):
             tuple(diff.samples(window_col, keyed=False)),
         )
 
-    def unrecorded(self, known: AbstractSet[int]) -> str | None:
+    def unrecorded(self, known: KnownWindows) -> str | None:
         """Why the table's log may not name windows it holds beyond `known` (None if it does).
 
         The table's app transaction says which windows it holds (checkpoints keep it); each
@@ -369,7 +391,7 @@ class DeltaGroup(SinkGroup):
         if not self.table.exists():
             return None
         through = self.table.table().transaction_version(self.table.app_id) or 0
-        missing = [w for w in range(1, through + 1) if w not in known]
+        missing = known.missing(through)
         if not missing or self.table.first_entry() is not None:
             return None
         from onceflow.windows import format_windows

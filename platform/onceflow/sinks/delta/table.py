@@ -21,7 +21,8 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -76,6 +77,7 @@ class DeltaTableSink:
         self.app_id = delta_app_id(job, sink)
         self.epoch_app = epoch_app_id(job, sink)
         self.restate_app = restate_app_id(job, sink)
+        self._pinned: DeltaTable | None = None  # see `pinned`
 
     # -- table --------------------------------------------------------------------------------
 
@@ -85,7 +87,18 @@ class DeltaTableSink:
         log = self.path / "_delta_log"
         return self._entry(0) is not None or (log / "_last_checkpoint").is_file()
 
+    @contextmanager
+    def pinned(self) -> Iterator[None]:
+        """Read-only checks in a row share one snapshot: each load lists the whole log."""
+        self._pinned = self.table() if self.exists() else None
+        try:
+            yield
+        finally:
+            self._pinned = None
+
     def table(self) -> DeltaTable:
+        if self._pinned is not None:
+            return self._pinned
         deadline = time.monotonic() + LISTING_LAG_S
         delay = 0.1
         while True:
@@ -581,20 +594,3 @@ class DeltaTableSink:
         Log cleanup removes the oldest entries first (below a checkpoint, past the horizon), so
         version 0 present means the log names every commit. Read by name, not from a listing."""
         return self._entry(0)
-
-    def history(self) -> list[dict[str, Any]]:
-        """This job's window commits recorded in the table, oldest window first.
-
-        Only the entries the log still has: after log cleanup (see `first_entry`) the oldest
-        windows are missing from it."""
-        if not self.exists():
-            return []
-        out = [
-            entry
-            for entry in self.table().history()
-            if entry.get(f"{META_PREFIX}job") == self.job
-            and entry.get(f"{META_PREFIX}sink", self.sink) == self.sink
-            and f"{META_PREFIX}window_id" in entry
-        ]
-        out.sort(key=lambda e: int(e[f"{META_PREFIX}window_id"]))
-        return out

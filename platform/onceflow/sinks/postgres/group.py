@@ -193,12 +193,12 @@ class PostgresGroup(SinkGroup):
 
     # -- commit records -----------------------------------------------------------------------
 
-    def _markers(self, window_ids: Sequence[int] | None) -> list[tuple[Any, ...]]:
+    def _markers(self, window_ids: Sequence[int] | None, after: int = 0) -> list[tuple[Any, ...]]:
         query = (
             "SELECT sink, window_id, epoch, offsets FROM onceflow.sink_commits"
-            " WHERE job = %s AND sink = ANY(%s)"
+            " WHERE job = %s AND sink = ANY(%s) AND window_id > %s"
         )
-        params: list[Any] = [self.job, list(self.by_name)]
+        params: list[Any] = [self.job, list(self.by_name), after]
         if window_ids is not None:
             query += " AND window_id = ANY(%s)"
             params.append(list(window_ids))
@@ -243,8 +243,8 @@ class PostgresGroup(SinkGroup):
         through.update({str(s): int(w) for s, w in rows})
         return through
 
-    def recorded_windows(self) -> list[RecordedWindow]:
-        return [RecordedWindow(int(w), o, int(e)) for _, w, e, o in self._markers(None)]
+    def recorded_windows(self, after: int = 0) -> list[RecordedWindow]:
+        return [RecordedWindow(int(w), o, int(e)) for _, w, e, o in self._markers(None, after)]
 
     def commit_records(self, window_ids: Sequence[int]) -> dict[str, dict[int, CommitRecord]]:
         # The marker was written by the transaction that committed the window: its xid is the
