@@ -59,7 +59,10 @@ def check_sinks_hold_completed(ctx: JobContext) -> None:
         + [f"{name} {problem}" for name, problem in problems.items()]
     )
     ids = {wid for wids in lacks.values() for wid in wids}
-    windows = [w for w in windows_above(ctx.ledger, min(ids) - 1) if w.window_id in ids]
+    # No lacking window when only `problems` were found (a restatement lost, say).
+    windows = (
+        [w for w in windows_above(ctx.ledger, min(ids) - 1) if w.window_id in ids] if ids else []
+    )
     gone = [w.window_id for w in windows if replay_problems(ctx, w)]
     lost = (
         f" The input of windows {format_windows(gone)} is gone: no replay can bring them "
