@@ -1,14 +1,16 @@
 """Reconcile explains itself, by key only, and an upsert sink's expected state is what the run
 applies: the last window's row per key wins, also over a window reconcile cannot recompute.
 
-The user's job (tests/support/user_project), in-process on the session's Spark through
-`onceflow.ops` (a CLI process adds a JVM start and nothing this test asserts): the CLI finding the
-job is test_user_jobs.py's, `reconcile --dry-run --json` test_user_bug_fixable.py's, the text
-report and its exit codes test_sink_state.py's and test_s3_lake.py's."""
+The user's job (tests/support/user_project): the report through the real command
+(`reconcile --dry-run --json`), the refusal and the repair in-process on the session's Spark
+through `onceflow.ops` (a CLI process adds a JVM start and nothing those steps assert): the CLI
+finding the job is test_user_jobs.py's, the text report and its exit codes test_sink_state.py's
+and test_s3_lake.py's."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +22,10 @@ from onceflow._diff import DiffSample
 from onceflow.errors import OnceflowError
 from onceflow.reconcile import ReconcileReport, SinkDiff, format_report
 from onceflow.settings import Settings
+from tests.support.cli import CliRun, cli_env
 from tests.support.orders_data import (
     FOLDER,
+    USER_PROJECT,
     assert_orders_exact,
     one_file_per_window,
     user_project_on_path,
@@ -69,8 +73,15 @@ def test_reconcile_of_an_upsert_sink_names_keys_and_repairs_exactly(
         with user_project_on_path():
             return ops.reconcile(orders, settings, spark=spark, dsn=pg_dsn, dry_run=dry_run)
 
-    # The report as `reconcile --dry-run --json` prints it.
-    dry = json.dumps(reconcile(dry_run=True).as_json(), indent=2, default=str)
+    # The report as the command prints it.
+    env = cli_env(home=tmp_path / "home", dsn=pg_dsn, lake=lake, landing=landing)
+    env["ONCEFLOW_JOBS"] = "orders_jobs"
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(USER_PROJECT), env.get("PYTHONPATH", "")) if p
+    )
+    done = CliRun(["reconcile", "orders", "--dry-run", "--json"], env, tmp_path / "logs").finish()
+    assert done.returncode == 0, done.stderr[-3000:]
+    dry = done.stdout
     report = json.loads(dry)
     sinks = {s["sink"]: s for s in report["sinks"]}
     pg = sinks["pg_orders"]
