@@ -3,7 +3,7 @@ committed and a later one completed)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -28,24 +28,9 @@ def window_commits(
     if not wanted or not sink.exists():
         return found
     lowest = min(wanted)
-    newest = sink.table().version()
-    for version in range(newest, max(newest - limit, -1), -1):
-        actions = sink.entry_actions(version)
-        if actions is None:
-            break
-        window = next(
-            (
-                int(a["txn"]["version"])
-                for a in actions
-                if "txn" in a and a["txn"].get("appId") == sink.app_id
-            ),
-            None,
-        )
-        if window is None:
-            continue  # an epoch claim, a restatement, maintenance
+    for version, window, actions in _window_entries(sink, sink.table().version(), limit):
         if window in wanted:
-            info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
-            found[window] = (version, dict(info))
+            found[window] = (version, _commit_info(actions))
         if window <= lowest or len(found) == len(wanted):
             break
     return found
@@ -65,10 +50,25 @@ def commits_after(sink: DeltaTableSink, after: int) -> list[tuple[int, dict[str,
     if (table.transaction_version(sink.app_id) or 0) <= after:
         return []
     found: list[tuple[int, dict[str, Any]]] = []
-    for version in range(table.version(), -1, -1):
+    for _, window, actions in _window_entries(sink, table.version()):
+        if window <= after:
+            break
+        found.append((window, _commit_info(actions)))
+    found.sort(key=lambda f: f[0])
+    return found
+
+
+def _window_entries(
+    sink: DeltaTableSink, newest: int, limit: int | None = None
+) -> Iterator[tuple[int, int, list[dict[str, Any]]]]:
+    """(version, window id, actions) of each of this job's window commits, read by name from
+    version `newest` down (at most `limit` entries), until an entry log cleanup removed.
+    Entries of no window (an epoch claim, a restatement, maintenance) are passed over."""
+    last = -1 if limit is None else max(newest - limit, -1)
+    for version in range(newest, last, -1):
         actions = sink.entry_actions(version)
         if actions is None:
-            break
+            return
         window = next(
             (
                 int(a["txn"]["version"])
@@ -77,14 +77,12 @@ def commits_after(sink: DeltaTableSink, after: int) -> list[tuple[int, dict[str,
             ),
             None,
         )
-        if window is None:
-            continue  # an epoch claim, a restatement, maintenance
-        if window <= after:
-            break
-        info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
-        found.append((window, dict(info)))
-    found.sort(key=lambda f: f[0])
-    return found
+        if window is not None:
+            yield version, window, actions
+
+
+def _commit_info(actions: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    return dict(next((a["commitInfo"] for a in actions if "commitInfo" in a), {}))
 
 
 def window_history(sink: DeltaTableSink) -> list[dict[str, Any]]:
