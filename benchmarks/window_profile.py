@@ -255,11 +255,11 @@ def call_site() -> str:
     return f"{site} -> {called.name}" if called is not None else site
 
 
-def spark_jobs(event_dir: Path, after: int) -> list[tuple[int, int, int, int | None]]:
-    """(job id, wall ms, task JVM CPU ms, ms from its query's start to the job's) of the jobs
-    with an id above `after`. The last is Spark's own work on the query before the job
-    (optimising and planning it, its description, code generation, building its RDDs); None
-    for a job outside a query."""
+def spark_jobs(event_dir: Path, after: int) -> list[tuple[int, int, int, int | None, int]]:
+    """(job id, wall ms, task JVM CPU ms, ms from its query's start to the job's, tasks) of
+    the jobs with an id above `after`. The fourth is Spark's own work on the query before the
+    job (optimising and planning it, its description, code generation, building its RDDs);
+    None for a job outside a query."""
     jobs: dict[int, dict[str, Any]] = {}
     stage_job: dict[int, int] = {}
     queries: dict[int, int] = {}
@@ -278,6 +278,7 @@ def spark_jobs(event_dir: Path, after: int) -> list[tuple[int, int, int, int | N
                     jobs[event["Job ID"]] = {
                         "start": event["Submission Time"],
                         "cpu": 0,
+                        "tasks": 0,
                         "query": None if query is None else int(query),
                     }
                     for stage in event["Stage IDs"]:
@@ -288,12 +289,14 @@ def spark_jobs(event_dir: Path, after: int) -> list[tuple[int, int, int, int | N
                     metrics = event.get("Task Metrics") or {}
                     cpu_ms = metrics.get("Executor CPU Time", 0) // 1_000_000
                     jobs[stage_job[event["Stage ID"]]]["cpu"] += cpu_ms
+                    jobs[stage_job[event["Stage ID"]]]["tasks"] += 1
     return [
         (
             jid,
             j["end"] - j["start"],
             j["cpu"],
             j["start"] - queries[j["query"]] if j["query"] in queries else None,
+            j["tasks"],
         )
         for jid, j in sorted(jobs.items())
         if "end" in j
@@ -492,6 +495,18 @@ def report(windows: int, seconds: float, usage: Usage, timers: Timers | None = N
         for label in timers.labels:
             total, calls = timers.seconds[label], timers.calls[label]
             print(f"  {label:<34} {total / windows:6.3f} s a window ({calls} calls)")
+        # The driver's serial share: everything but the window's Spark job, which the
+        # executors' cores share; the commit is the PostgreSQL server's work the driver waits on.
+        driver_only = sum(
+            timers.seconds[label]
+            for label in timers.labels
+            if label.startswith("commit") or label.startswith("prepare")
+        ) - sum(
+            timers.seconds[label]
+            for label in timers.labels
+            if label.strip().startswith("the Spark job")
+        )
+        print(f"  driver-only (all but the Spark job)  {driver_only / windows:6.3f} s a window")
         print(
             f"  py4j round trips, driver to JVM     {timers.round_trips / windows:6.0f} a window "
             f"({timers.releases / windows:.0f} of them releasing collected JVM objects)"
@@ -503,7 +518,8 @@ def report(windows: int, seconds: float, usage: Usage, timers: Timers | None = N
         print(
             f"  Spark jobs: {len(usage.jobs)} ({len(usage.jobs) / windows:.1f} a window); median "
             f"wall {statistics.median(walls):.0f} ms, median task JVM CPU "
-            f"{statistics.median(cpus):.0f} ms"
+            f"{statistics.median(cpus):.0f} ms, median tasks "
+            f"{statistics.median(j[4] for j in usage.jobs):.0f}"
         )
         before = [j[3] for j in usage.jobs if j[3] is not None]
         if before:
