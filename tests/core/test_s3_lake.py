@@ -21,6 +21,7 @@ from deltalake import DeltaTable
 from onceflow.generate import generate_payments
 from onceflow.ops import EXIT_FAILED, EXIT_RETRYABLE
 from onceflow.s3_server import LOCAL_SECRET_KEY, LocalS3
+from onceflow.sources import landing as landing_module
 from onceflow.storage import Location
 from tests.support.cli import CliRun, Finished, cli_env
 from tests.support.daily_totals_oracle import (
@@ -281,6 +282,21 @@ def test_landing_files_on_the_store_too(site: S3Site) -> None:
     assert len(list(local.iterdir())) == 8
     site.assert_exact()
     site.assert_lake_on_s3()
+
+
+def test_a_landing_file_on_the_store_is_read_in_byte_ranges_as_whole(site: S3Site) -> None:
+    """A large window's file on the store, read in ranges by several tasks: each line once,
+    at its position, as the whole file's read gives them (ranged GETs, no Spark)."""
+    folder = Location.parse(f"{site.lake.uri.rsplit('/', 1)[0]}/ranges", site.s3.env())
+    content = b"".join(b'{"n": %d}\n' % i for i in range(2000)) + b"\n\nno final newline"
+    (folder / "f.jsonl").write_bytes(content)
+    whole = landing_module._lines_batch(0, "f.jsonl", content)
+    assert whole is not None
+    size = len(content)
+    for chunk in (97, 4096, size - 1):
+        units = [(0, start, min(size, start + chunk)) for start in range(0, size, chunk)]
+        ranges = landing_module._split_units(folder, ["f.jsonl"], units)
+        assert [row for batch in ranges for row in batch.to_pylist()] == whole.to_pylist()
 
 
 # make test-all: reconcile's repair is in CI on the local lake; the store runs the crash and

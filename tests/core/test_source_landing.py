@@ -125,3 +125,65 @@ def test_each_splitter_gives_every_line_once_at_its_position(
             for row in landing_module._iter_lines(settings.landing.uri, idx, rel)
         ]
     assert rows == expected_rows(lines)
+
+
+def _chunked(monkeypatch: pytest.MonkeyPatch, low: int, high: int) -> None:
+    monkeypatch.setattr(landing_module, "CHUNK_MIN_BYTES", low)
+    monkeypatch.setattr(landing_module, "CHUNK_MAX_BYTES", high)
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 7, 10, 64, 1000])
+def test_a_file_split_in_byte_ranges_gives_every_line_once_at_its_position(
+    settings: Settings, chunk: int
+) -> None:
+    """Ranges that cut lines anywhere (inside a line, at a newline, inside a blank line or a
+    line longer than the range) give each line once, numbered as in its file (no Spark)."""
+    lines = put_files(settings)
+    long_line = b"x" * 50
+    extra = {
+        f"{SOURCE.folder}/f long.jsonl": [b"a", long_line, b"", b"", b"b", long_line],
+        f"{SOURCE.folder}/g blanks.jsonl": [b"", b"", b"c"],
+    }
+    for rel, content in extra.items():
+        (settings.landing.path / rel).write_bytes(b"\n".join(content) + b"\n")
+    lines.update(extra)
+    files = SOURCE.units(SOURCE.offsets(settings, SOURCE.discover(settings, None)))
+    sizes = [(settings.landing / f).size() for f in files]
+    units = [
+        (i, start, min(size, start + chunk))
+        for i, size in enumerate(sizes)
+        for start in range(0, size, chunk)
+    ]
+    rows = [
+        (r["_file_idx"], r["_source_file"], r["_source_line"], r["_raw"])
+        for batch in landing_module._split_units(settings.landing, files, units)
+        for r in batch.to_pylist()
+    ]
+    assert sorted(rows) == expected_rows(lines)
+
+
+def test_a_large_window_has_a_read_task_for_each_core_and_none_over_the_chunk() -> None:
+    mib = 1 << 20
+    # One 200 MiB file on 2 cores: split at the largest chunk.
+    units = landing_module._read_units([200 * mib], cores=2)
+    assert len(units) == 7 and all(end - start <= 32 * mib for _, start, end in units)
+    # One 30 MiB file on 2 cores: a range for each core.
+    assert len(landing_module._read_units([30 * mib], cores=2)) == 2
+    # Ten 20 MiB files on 2 cores: a file a task, as they are.
+    assert landing_module._read_units([20 * mib] * 10, cores=2) == [(i, 0, None) for i in range(10)]
+    # The same on 32 cores: every file in ranges, a task for every core or more.
+    assert len(landing_module._read_units([20 * mib] * 10, cores=32)) >= 32
+    # Never more tasks than MAX_READ_TASKS, however many cores.
+    assert len(landing_module._read_units([1000 * mib], cores=1000)) <= 64
+
+
+def test_a_window_of_one_large_file_is_read_by_several_tasks(
+    spark, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lines = put_files(settings)
+    monkeypatch.setattr(landing_module, "ONE_TASK_MAX_BYTES", 100)
+    _chunked(monkeypatch, 1000, 1000)
+    rows, partitions = read_rows(spark, settings)
+    assert sorted(rows) == expected_rows(lines)
+    # The 5.3 KB file is read in six ranges, the four others whole.
+    assert partitions == 4 + 6

@@ -11,6 +11,7 @@ job never reads again) is reported (`changed_after_commit`) rather than passed o
 from __future__ import annotations
 
 import json
+import os
 import posixpath
 import time
 from abc import abstractmethod
@@ -259,8 +260,12 @@ class LandingSource(LandingFiles):
 WHOLE_READ_MAX_BYTES = 256 << 20
 # Windows up to this size are read as one Spark partition.
 ONE_TASK_MAX_BYTES = 16 << 20
-# Larger windows: one task per file, up to this many tasks.
+# Larger windows: a task per file, a large file split into line-aligned byte ranges so that a
+# window has a task for each of the session's cores, none over CHUNK_MAX_BYTES (nor under
+# CHUNK_MIN_BYTES), and at most MAX_READ_TASKS tasks.
 MAX_READ_TASKS = 64
+CHUNK_MIN_BYTES = 4 << 20
+CHUNK_MAX_BYTES = 32 << 20
 
 
 def _file_facts(path: Location) -> tuple[int, int]:
@@ -319,18 +324,26 @@ def _read_whole(
     then: BatchFunction | None = None,
     schema: str = "",
 ) -> DataFrame:
-    """The lines of `files`, each file read whole and split by the Python step that then passes
-    them through `then` (output `schema`).
+    """The lines of `files`, read and split by the Python step that then passes them through
+    `then` (output `schema`): a small window by one task, a larger one a file (or a large
+    file's byte range, `_read_units`) a task, so that every core has a share.
 
-    The step's input is `spark.range` over the files' positions, the names travelling in the
-    step's closure: two DataFrame operations to plan, where Spark's binary-file reader lists
+    The step's input is `spark.range` over the read units' positions, the names travelling in
+    the step's closure: two DataFrame operations to plan, where Spark's binary-file reader lists
     the files on the driver and copies their bytes through the JVM. A local folder and an
     object store are read alike (Spark's Hadoop filesystem has no S3 here).
     """
 
+    if _whole_in_one_task(sizes):
+        units: list[Unit] = [(i, 0, None) for i in range(len(files))]
+        tasks = 1
+    else:
+        units = _read_units(sizes, _parallelism(spark))
+        tasks = min(len(units), MAX_READ_TASKS)
+
     def split(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
-            yield from _split(root, files, batch.column("id").to_pylist())
+            yield from _split_units(root, files, [units[u] for u in batch.column("id").to_pylist()])
 
     def split_then(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         assert then is not None
@@ -338,11 +351,99 @@ def _read_whole(
 
     # A small window is read, parsed and deduplicated by one task, in file and line order: no
     # shuffle or sort to find first occurrences, and one file per output.
-    tasks = 1 if _whole_in_one_task(sizes) else max(1, min(len(files), MAX_READ_TASKS))
-    positions = spark.range(0, len(files), 1, tasks)
+    positions = spark.range(0, len(units), 1, tasks)
     if then is None:
         return positions.mapInArrow(split, RAW_SCHEMA)
     return positions.mapInArrow(split_then, schema)
+
+
+# What one task of a window's read reads: a file's position among the window's files, and the
+# byte range [start, end) where its lines start (end None: the whole file).
+Unit = tuple[int, int, int | None]
+
+
+def _parallelism(spark: SparkSession) -> int:
+    """The session's cores as Spark counts them (`spark.default.parallelism`), else this
+    machine's."""
+    try:
+        return max(1, int(spark.conf.get("spark.default.parallelism", "0") or 0))
+    except (ValueError, TypeError):
+        pass
+    return max(1, os.cpu_count() or 1)
+
+
+def _read_units(sizes: Sequence[int], cores: int) -> list[Unit]:
+    """A window's files as read units: a file a unit, a file larger than the chunk in
+    line-aligned byte ranges of about the chunk's size. The chunk is the window's bytes over
+    its cores, within CHUNK_MIN_BYTES and CHUNK_MAX_BYTES, and large enough that the window
+    needs no more than MAX_READ_TASKS units of its larger files."""
+    total = sum(sizes)
+    chunk = max(
+        CHUNK_MIN_BYTES,
+        min(CHUNK_MAX_BYTES, -(-total // max(1, cores))),
+        -(-total // MAX_READ_TASKS),
+    )
+    units: list[Unit] = []
+    for file_idx, size in enumerate(sizes):
+        parts = max(1, -(-size // chunk))
+        if parts == 1:
+            units.append((file_idx, 0, None))
+            continue
+        step = -(-size // parts)
+        units.extend((file_idx, k * step, min(size, (k + 1) * step)) for k in range(parts))
+    return units
+
+
+def _split_units(
+    root: Location, files: Sequence[str], units: Sequence[Unit]
+) -> Iterator[pa.RecordBatch]:
+    """The lines of each unit, as raw-line batches (one a unit)."""
+    for file_idx, start, end in units:
+        rel = files[file_idx]
+        if end is None:
+            lines = _lines_batch(file_idx, rel, (root / rel).read_bytes())
+        else:
+            lines = _range_batch(root / rel, file_idx, rel, start, end)
+        if lines is not None:
+            yield lines
+
+
+def _range_batch(
+    path: Location, file_idx: int, rel: str, start: int, end: int
+) -> pa.RecordBatch | None:
+    """The lines of one file that start in the byte range [start, end), at their positions in
+    the file (None if no line starts there).
+
+    The file is read from its start (its lines before `start` are counted, not kept) to the end
+    of the line that crosses `end`."""
+    import pyarrow as pa
+
+    with path.filesystem().open_input_file(path.fs_path) as handle:
+        size = handle.size()
+        content = bytes(handle.read_at(min(end, size), 0))
+        at = len(content)
+        while at < size and not content.endswith(b"\n"):
+            block = bytes(handle.read_at(min(1 << 20, size - at), at))
+            cut = block.find(b"\n")
+            content += block if cut < 0 else block[: cut + 1]
+            at += len(block)
+            if cut >= 0:
+                break
+    begin = 0 if start == 0 else content.find(b"\n", start - 1) + 1
+    if (begin == 0 and start > 0) or begin >= len(content):
+        return None
+    lines = content[begin:].split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()
+    first = content.count(b"\n", 0, begin) + 1
+    return pa.RecordBatch.from_pydict(
+        {
+            "_file_idx": pa.array([file_idx] * len(lines), pa.int32()),
+            "_source_file": [rel] * len(lines),
+            "_source_line": pa.array(range(first, first + len(lines)), pa.int64()),
+            "_raw": pa.array(lines, pa.binary()),
+        }
+    )
 
 
 def _split(
