@@ -48,6 +48,7 @@ class Measurement:
     window_visible: list[float] = field(default_factory=list)
     sink_latency: dict[str, list[float]] = field(default_factory=dict)
     driver_peak_mb: float = 0.0
+    driver_growth_mb: float = 0.0  # peak over the driver's RSS when the run started
     jvm_peak_mb: float = 0.0
 
     @property
@@ -64,6 +65,8 @@ class MemorySampler:
         self.jvm_peak = 0
         self._stop = threading.Event()
         self._me = psutil.Process()
+        # What an earlier run left allocated (the peer's collected batches) is not this run's.
+        self.driver_start = self._me.memory_info().rss
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
     def _jvm_rss(self) -> int:
@@ -89,6 +92,10 @@ class MemorySampler:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+
+    @property
+    def driver_growth(self) -> int:
+        return max(0, self.driver_peak - self.driver_start)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -130,6 +137,7 @@ def run_engine(
         window_latency=[w.latency_s for w in result.windows],
         window_visible=[w.visible_s for w in result.windows],
         driver_peak_mb=mem.driver_peak / 2**20,
+        driver_growth_mb=mem.driver_growth / 2**20,
         jvm_peak_mb=mem.jvm_peak / 2**20,
     )
     for w in result.windows:
@@ -307,6 +315,7 @@ def run_peer_pipeline(
         peer.batches,
         peer.batch_latency,
         driver_peak_mb=mem.driver_peak / 2**20,
+        driver_growth_mb=mem.driver_growth / 2**20,
         jvm_peak_mb=mem.jvm_peak / 2**20,
     )
 
@@ -424,7 +433,7 @@ def report(
     )
     header = (
         f"{'writer':<28} {'rows out':>10} {'seconds':>8} {'rows/s':>10} {'windows':>7} "
-        f"{'p50 win s':>9} {'p95 win s':>9} {'driver MB':>9} {'JVM MB':>7}"
+        f"{'p50 win s':>9} {'p95 win s':>9} {'driver MB':>9} {'+MB':>5} {'JVM MB':>7}"
     )
     print(header)
     print("-" * len(header))
@@ -442,7 +451,8 @@ def report(
         print(
             f"{label:<28} {m.rows:>10,} {m.seconds:>8.1f} {m.rows_per_s:>10,.0f} {m.windows:>7} "
             f"{percentile(m.window_latency, 50):>9.3f} {percentile(m.window_latency, 95):>9.3f} "
-            f"{m.driver_peak_mb:>9.0f} {m.jvm_peak_mb if m.jvm_peak_mb else float('nan'):>7.0f}"
+            f"{m.driver_peak_mb:>9.0f} {m.driver_growth_mb:>5.0f} "
+            f"{m.jvm_peak_mb if m.jvm_peak_mb else float('nan'):>7.0f}"
         )
     print("\nratios (same run, same input):")
     print(f"  onceflow exactly_once / peer wall time:   {eo.seconds / peer.seconds:.2f}x")
