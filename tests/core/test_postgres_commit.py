@@ -12,7 +12,6 @@ import pytest
 from psycopg import sql
 
 from onceflow._pgcopy import CopyWriter, _utc_as_text
-from onceflow.errors import SinkError
 from onceflow.sinks.postgres._accumulate import (
     accumulate,
     contribution,
@@ -21,7 +20,6 @@ from onceflow.sinks.postgres._accumulate import (
     save_contribution,
     summed,
 )
-from onceflow.sinks.postgres._apply import apply_staged, insert_new
 from onceflow.sinks.postgres._markers import PROTOCOL_DDL
 from onceflow.sinks.postgres.spec import PostgresSink
 
@@ -269,51 +267,6 @@ def test_accumulating_gives_the_same_table_with_or_without_a_unique_key(pg_dsn: 
         [("m5", "EUR", 18 * 10**18, 2)],
     ]
     assert recorded[", PRIMARY KEY (merchant_id, currency)"] == recorded[""] == sums
-
-
-def test_an_upserts_new_rows_are_inserted_as_they_are_and_a_taken_key_is_upserted(
-    pg_dsn: str,
-) -> None:
-    spec = PostgresSink(
-        name="orders",
-        output="orders",
-        table="up_target",
-        columns={"id": "text", "v": "bigint"},
-        key=("id",),
-        mode="upsert",
-    )
-
-    def stage(rows: list[tuple[str, int]]) -> None:
-        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(STAGING))
-        conn.execute(sql.SQL("CREATE TABLE {} (id text, v bigint)").format(STAGING))
-        with conn.cursor().copy(sql.SQL("COPY {} FROM STDIN").format(STAGING)) as copy:
-            for row in rows:
-                copy.write_row(row)
-
-    def table() -> list[tuple[object, ...]]:
-        return conn.execute("SELECT * FROM up_target ORDER BY id").fetchall()
-
-    with psycopg.connect(pg_dsn) as conn:
-        conn.execute("CREATE SCHEMA IF NOT EXISTS onceflow")
-        conn.execute("CREATE TABLE up_target (id text PRIMARY KEY, v bigint)")
-        # New keys: inserted as they are, (rows written, rows added).
-        stage([("b", 2), ("a", 1)])
-        assert insert_new(conn, spec, STAGING) == (2, 2)
-        assert table() == [("a", 1), ("b", 2)]
-        # A key the table holds: nothing written, the transaction still usable; the upsert
-        # writes the window as it always did.
-        stage([("c", 3), ("b", 5)])
-        assert insert_new(conn, spec, STAGING) is None
-        assert table() == [("a", 1), ("b", 2)]
-        assert apply_staged(conn, spec, STAGING, "j", 2) == (2, 1)
-        assert table() == [("a", 1), ("b", 5), ("c", 3)]
-        # Two rows of one new key: nothing written by either; the upsert names the problem.
-        stage([("d", 1), ("d", 2)])
-        assert insert_new(conn, spec, STAGING) is None
-        assert table() == [("a", 1), ("b", 5), ("c", 3)]
-        with pytest.raises(SinkError, match=r"has 1 more row\(s\) than keys \['id'\]"):
-            apply_staged(conn, spec, STAGING, "j", 3)
-        conn.rollback()
 
 
 def _csv(table: pa.Table) -> bytes:

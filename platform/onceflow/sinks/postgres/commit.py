@@ -48,7 +48,7 @@ from onceflow.postgres import (
     retrying,
 )
 from onceflow.sinks.postgres._accumulate import target_table
-from onceflow.sinks.postgres._apply import apply_staged, insert_new, restate_staged
+from onceflow.sinks.postgres._apply import apply_staged, restate_staged
 from onceflow.sinks.postgres._columns import table_problems
 from onceflow.sinks.postgres._markers import Marker
 from onceflow.sinks.postgres.spec import PostgresSink
@@ -111,9 +111,6 @@ class Transaction:
         self.job = job
         self._dsn = dsn
         self.ledger = ledger
-        # Upsert sinks whose window met a key already in the table (or twice in the window):
-        # upserted from then on in this run, not tried as new rows first (`_apply_window`).
-        self._keys_met: set[str] = set()
 
     # -- staging ------------------------------------------------------------------------------
 
@@ -268,20 +265,6 @@ class Transaction:
             dsn=self._dsn,
         )
 
-    def _apply_window(
-        self, conn: psycopg.Connection, item: Staged, window_id: int
-    ) -> tuple[int, int]:
-        """A window's staged rows into its sink: an upsert's rows first as new ones (a window
-        of keys the table lacks, as a job deduplicated by the sink's key makes), until a
-        window of this run meets a key the table holds."""
-        spec = item.spec
-        if spec.mode == "upsert" and spec.order_by is None and spec.name not in self._keys_met:
-            inserted = insert_new(conn, spec, item.ident)
-            if inserted is not None:
-                return inserted
-            self._keys_met.add(spec.name)
-        return apply_staged(conn, spec, item.ident, self.job, window_id, item.positioned)
-
     def _attempt(
         self,
         staged: Sequence[Staged],
@@ -313,7 +296,9 @@ class Transaction:
                     continue
                 self._check_staged(conn, item)
                 if restate_seq is None:
-                    rows, added = self._apply_window(conn, item, window_id)
+                    rows, added = apply_staged(
+                        conn, item.spec, item.ident, self.job, window_id, item.positioned
+                    )
                 else:
                     rows, added = restate_staged(
                         conn, item.spec, item.ident, self.job, window_id, item.positioned
