@@ -266,6 +266,8 @@ ONE_TASK_MAX_BYTES = 16 << 20
 MAX_READ_TASKS = 64
 CHUNK_MIN_BYTES = 4 << 20
 CHUNK_MAX_BYTES = 32 << 20
+# The lines before a range are counted in reads of this size.
+_COUNT_BLOCK_BYTES = 8 << 20
 
 
 def _file_facts(path: Location) -> tuple[int, int]:
@@ -414,14 +416,16 @@ def _range_batch(
     """The lines of one file that start in the byte range [start, end), at their positions in
     the file (None if no line starts there).
 
-    The file is read from its start (its lines before `start` are counted, not kept) to the end
-    of the line that crosses `end`."""
-    import pyarrow as pa
-
+    The lines before the range are counted block by block, not kept: a task holds its range
+    and the end of the line that crosses `end`, never the file up to it."""
+    head = max(0, start - 1)  # the byte before `start` says whether a line starts at `start`
+    first = 1
     with path.filesystem().open_input_file(path.fs_path) as handle:
         size = handle.size()
-        content = bytes(handle.read_at(min(end, size), 0))
-        at = len(content)
+        for at in range(0, head, _COUNT_BLOCK_BYTES):
+            first += bytes(handle.read_at(min(_COUNT_BLOCK_BYTES, head - at), at)).count(b"\n")
+        content = bytes(handle.read_at(min(end, size) - head, head))
+        at = head + len(content)
         while at < size and not content.endswith(b"\n"):
             block = bytes(handle.read_at(min(1 << 20, size - at), at))
             cut = block.find(b"\n")
@@ -429,37 +433,21 @@ def _range_batch(
             at += len(block)
             if cut >= 0:
                 break
-    begin = 0 if start == 0 else content.find(b"\n", start - 1) + 1
+    begin = 0 if start == 0 else content.find(b"\n") + 1
     if (begin == 0 and start > 0) or begin >= len(content):
         return None
-    lines = content[begin:].split(b"\n")
-    if lines[-1] == b"":
-        lines.pop()
-    first = content.count(b"\n", 0, begin) + 1
-    return pa.RecordBatch.from_pydict(
-        {
-            "_file_idx": pa.array([file_idx] * len(lines), pa.int32()),
-            "_source_file": [rel] * len(lines),
-            "_source_line": pa.array(range(first, first + len(lines)), pa.int64()),
-            "_raw": pa.array(lines, pa.binary()),
-        }
-    )
+    first += content.count(b"\n", 0, begin)
+    return _lines_batch(file_idx, rel, content[begin:], first)
 
 
-def _split(
-    root: Location, files: Sequence[str], indexes: Sequence[int] | None = None
-) -> Iterator[pa.RecordBatch]:
-    """The lines of `files` (those at `indexes`, else all), in file and line order, as
-    raw-line batches (one a file)."""
-    for file_idx in range(len(files)) if indexes is None else indexes:
-        rel = files[file_idx]
-        lines = _lines_batch(file_idx, rel, (root / rel).read_bytes())
-        if lines is not None:
-            yield lines
+def _split(root: Location, files: Sequence[str]) -> Iterator[pa.RecordBatch]:
+    """The lines of `files`, in file and line order, as raw-line batches (one a file)."""
+    return _split_units(root, files, [(i, 0, None) for i in range(len(files))])
 
 
-def _lines_batch(file_idx: int, rel: str, content: bytes) -> pa.RecordBatch | None:
-    """The lines of one file's content as a raw-line batch (None for an empty file)."""
+def _lines_batch(file_idx: int, rel: str, content: bytes, first: int = 1) -> pa.RecordBatch | None:
+    """The lines of `content` (a file's, or its lines from line `first` on) as a raw-line batch
+    (None for no line)."""
     import pyarrow as pa
 
     lines = content.split(b"\n")
@@ -471,7 +459,7 @@ def _lines_batch(file_idx: int, rel: str, content: bytes) -> pa.RecordBatch | No
         {
             "_file_idx": pa.array([file_idx] * len(lines), pa.int32()),
             "_source_file": [rel] * len(lines),
-            "_source_line": pa.array(range(1, len(lines) + 1), pa.int64()),
+            "_source_line": pa.array(range(first, first + len(lines)), pa.int64()),
             "_raw": pa.array(lines, pa.binary()),
         }
     )
