@@ -5,6 +5,7 @@ transaction, restatement and reconcile — each checked against plain Python."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
@@ -213,3 +214,61 @@ def test_two_rows_for_one_upsert_key_in_a_window_is_a_clear_error(
     with psycopg.connect(pg_dsn) as conn:
         assert conn.execute("SELECT count(*) FROM latest_scores").fetchone() == (0,)
         assert conn.execute("SELECT count(*) FROM onceflow.sink_commits").fetchone() == (0,)
+
+
+def test_an_upsert_sink_inserts_windows_of_new_keys_and_upserts_once_a_key_returns(
+    spark, pg_dsn: str, tmp_path: Path, lake: Path, landing: Path, caplog
+) -> None:
+    """A window of keys the table lacks is inserted as it is; one that brings a key the table
+    holds is committed again as an upsert, in one transaction either way (its rows' xmin is the
+    window's commit ref), and the latest window's row of a key wins."""
+    settings = Settings(home=tmp_path / "home", postgres_dsn=pg_dsn, lake=lake, landing=landing)
+
+    def latest(rows: DataFrame, ctx: WindowContext) -> Mapping[str, DataFrame]:
+        return {
+            "latest": rows.select(
+                "team", "points", F.lit(ctx.window_id).cast("bigint").alias("_window_id")
+            )
+        }
+
+    job = Job(
+        name="latest_points",
+        source=ParquetSource("scores", schema=SCHEMA),
+        transform=latest,
+        sinks=(
+            PostgresSink(
+                "pg_latest", "latest", table="latest_points",
+                columns={"team": "text", "points": "bigint", "_window_id": "bigint"},
+                key=("team",), mode="upsert", window_column="_window_id",
+            ),
+        ),
+    )  # fmt: skip
+    batches = [
+        [("e1", "red", 3), ("e2", "blue", 5)],
+        [("e3", "green", 7)],  # new keys only
+        [("e4", "red", 11), ("e5", "white", 13)],  # red returns
+        [("e6", "blue", 17)],  # blue returns; the sink now upserts
+    ]
+    for i, rows in enumerate(batches):
+        _land(landing, f"b{i}.parquet", rows)
+    with caplog.at_level(logging.INFO, logger="onceflow.sinks.postgres.commit"):
+        result = Engine(job, settings, spark, pg_dsn).run(max_units_per_window=1)
+    assert [w.window_id for w in result.windows] == [1, 2, 3, 4]
+    # Windows 1 and 2 were inserted as they were; window 3 met red, and from then on the
+    # sink upserts (window 4 is not tried as an insert first).
+    switched = [r.getMessage() for r in caplog.records if "upserts from now on" in r.getMessage()]
+    assert switched == [
+        "window 3: sink pg_latest meets keys its table holds; it upserts from now on"
+    ]
+    with psycopg.connect(pg_dsn) as conn:
+        rows = conn.execute(
+            "SELECT team, points, _window_id, xmin::text FROM latest_points ORDER BY team"
+        ).fetchall()
+    assert [r[:3] for r in rows] == [
+        ("blue", 17, 4), ("green", 7, 2), ("red", 11, 3), ("white", 13, 3),
+    ]  # fmt: skip
+    refs = {w.window_id: w.sinks["pg_latest"].commit_ref for w in result.windows}
+    assert {r[2]: r[3] for r in rows} == {w: refs[w] for w in (2, 3, 4)}
+    assert {w.window_id: w.sinks["pg_latest"].rows for w in result.windows} == {
+        1: 2, 2: 1, 3: 2, 4: 1,
+    }  # fmt: skip

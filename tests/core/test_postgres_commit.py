@@ -361,3 +361,60 @@ def test_a_workers_copies_reuse_its_idle_session_and_a_lost_one_is_replaced(
                 sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier("onceflow", table))
             ).fetchone()
             assert count == (50,)
+
+
+LATEST = PostgresSink(
+    name="latest",
+    output="latest",
+    table="latest_fresh",
+    columns={"team": "text", "points": "bigint"},
+    key=("team",),
+    mode="upsert",
+)
+LATEST_STAGING = sql.Identifier("onceflow", "stage_latest")
+
+
+def _stage_latest(conn: psycopg.Connection, rows: list[tuple[str, int]]) -> None:
+    conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(LATEST_STAGING))
+    conn.execute(sql.SQL("CREATE TABLE {} (team text, points bigint)").format(LATEST_STAGING))
+    with conn.cursor().copy(sql.SQL("COPY {} FROM STDIN").format(LATEST_STAGING)) as copy:
+        for row in rows:
+            copy.write_row(row)
+
+
+@pytest.mark.parametrize(
+    ("table_key", "window", "refused"),
+    [
+        ("PRIMARY KEY", [("blue", 2)], None),
+        ("PRIMARY KEY", [("red", 2)], psycopg.errors.UniqueViolation),  # a taken key
+        ("PRIMARY KEY", [("blue", 2), ("blue", 3)], psycopg.errors.UniqueViolation),  # twice
+        ("", [("blue", 2)], psycopg.errors.InvalidColumnReference),  # no unique index
+    ],
+)
+def test_a_fresh_insert_takes_only_new_keys_into_a_table_keyed_on_them(
+    pg_dsn: str,
+    table_key: str,
+    window: list[tuple[str, int]],
+    refused: type[Exception] | None,
+) -> None:
+    """An upsert sink's window inserted as it is (`fresh`) refuses whatever an upsert would
+    have to decide: a key the table holds, two rows of one key, and a table with no unique
+    index on the key (which would otherwise take a second row of a key without a word)."""
+    from onceflow.sinks.postgres._apply import apply_staged
+
+    with psycopg.connect(pg_dsn) as conn:
+        conn.execute("CREATE SCHEMA IF NOT EXISTS onceflow")
+        conn.execute("DROP TABLE IF EXISTS latest_fresh")
+        conn.execute(f"CREATE TABLE latest_fresh (team text {table_key}, points bigint)")
+        conn.execute("INSERT INTO latest_fresh VALUES ('red', 1)")
+        _stage_latest(conn, window)
+        conn.commit()
+        if refused is None:
+            assert apply_staged(conn, LATEST, LATEST_STAGING, "j", 2, fresh=True) == (1, 1)
+            conn.commit()
+        else:
+            with pytest.raises(refused):
+                apply_staged(conn, LATEST, LATEST_STAGING, "j", 2, fresh=True)
+            conn.rollback()
+        held = conn.execute("SELECT team, points FROM latest_fresh ORDER BY team").fetchall()
+    assert held == ([("blue", 2), ("red", 1)] if refused is None else [("red", 1)])

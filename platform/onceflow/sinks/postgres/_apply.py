@@ -27,10 +27,15 @@ def apply_staged(
     job: str,
     window_id: int,
     positioned: bool = False,
+    *,
+    fresh: bool = False,
 ) -> tuple[int, int]:
     """Move the staged rows into the sink's table; return the rows written and added.
 
-    `positioned`: the staging table holds the rows' `POSITION` columns too."""
+    `positioned`: the staging table holds the rows' `POSITION` columns too. `fresh`: an upsert
+    sink's window is expected to bring only keys the table lacks, so it is inserted as it is
+    (half an upsert's cost); a key the table holds, or two rows of one key, then makes the
+    statement fail with `UniqueViolation` and the caller commits again without `fresh`."""
     if spec.mode == "accumulate":
         forget_contribution(conn, spec, job, window_id)
         return accumulate(conn, spec, summed(spec, staging), record=(job, window_id))
@@ -46,7 +51,8 @@ def apply_staged(
         return rows, rows
     keys = sql.SQL(", ").join(sql.Identifier(k) for k in spec.key)
     if spec.order_by is None:
-        _check_one_row_per_key(conn, spec, staging, job, window_id)
+        if not fresh:  # a fresh insert refuses a key's second row by itself
+            _check_one_row_per_key(conn, spec, staging, job, window_id)
         rows = sql.SQL("SELECT {} FROM {} ORDER BY {}").format(col_list, staging, keys)
     else:
         # One row per key: the greatest `order_by`, a tie to the later position.
@@ -55,6 +61,12 @@ def apply_staged(
         rows = sql.SQL("SELECT DISTINCT ON ({}) {} FROM {} ORDER BY {}, {}").format(
             keys, col_list, staging, keys, order
         )
+    if fresh:
+        inserted = conn.execute(
+            sql.SQL("INSERT INTO {} ({}) {}").format(target, col_list, rows)
+        ).rowcount
+        _require_key_index(conn, spec)
+        return inserted, inserted
     others = [c for c in cols if c not in spec.key]
     action = (
         sql.SQL("DO UPDATE SET {}").format(
@@ -94,6 +106,21 @@ def apply_staged(
     ).fetchone()
     assert row is not None
     return int(row[0]), int(row[1])
+
+
+def _require_key_index(conn: psycopg.Connection, spec: PostgresSink) -> None:
+    """Only a unique index on the key makes a plain insert refuse a taken key: prove there is
+    one, as an upsert's `ON CONFLICT` would (`InvalidColumnReference` if not). Asked after the
+    insert, whose lock keeps the index from being dropped until the transaction ends."""
+    names = sql.SQL(", ").join(sql.Identifier(k) for k in spec.key)
+    nulls = sql.SQL(", ").join(
+        sql.SQL("NULL::{}").format(sql.SQL(spec.columns[k])) for k in spec.key
+    )
+    conn.execute(
+        sql.SQL(
+            "EXPLAIN INSERT INTO {} ({}) SELECT {} WHERE false ON CONFLICT ({}) DO NOTHING"
+        ).format(target_table(spec), names, nulls, names)
+    )
 
 
 def _check_one_row_per_key(

@@ -99,6 +99,15 @@ def staged_columns(spec: PostgresSink, available: Sequence[str]) -> list[str]:
     return columns
 
 
+class _KeyTaken(Exception):
+    """A fresh insert met a key its table holds (or two rows of one key): the transaction was
+    rolled back, and the window is committed again with that sink upserting."""
+
+    def __init__(self, sink: str) -> None:
+        super().__init__(sink)
+        self.sink = sink
+
+
 def _staging_name(job: str, sink: str, window_id: int, epoch: int, tag: str) -> str:
     digest = hashlib.sha1(f"{job}/{sink}/{window_id}/{epoch}/{tag}".encode()).hexdigest()[:20]
     return f"stage_{digest}"
@@ -111,6 +120,12 @@ class Transaction:
         self.job = job
         self._dsn = dsn
         self.ledger = ledger
+        # Upsert sinks whose windows met a key their table held, in this run: they upsert from
+        # then on. The others insert each window as it is, since a window of new keys (the
+        # common case: payments, events) costs half as much that way. A failed insert rolls
+        # the whole transaction back (never a savepoint: every row of a window carries its
+        # transaction's xid, which lineage reports), so it is tried at most once a sink a run.
+        self._upserting: set[str] = set()
 
     # -- staging ------------------------------------------------------------------------------
 
@@ -251,19 +266,28 @@ class Transaction:
         what = f"commit window {window_id} to PostgreSQL" + (
             f" (restatement {restate_seq})" if restate_seq is not None else ""
         )
-        return retrying(
-            lambda: self._attempt(
-                staged,
-                window_id=window_id,
-                epoch=epoch,
-                run_id=run_id,
-                offsets=offsets,
-                exactly_once=exactly_once,
-                restate_seq=restate_seq,
-            ),
-            what=what,
-            dsn=self._dsn,
-        )
+        while True:
+            try:
+                return retrying(
+                    lambda: self._attempt(
+                        staged,
+                        window_id=window_id,
+                        epoch=epoch,
+                        run_id=run_id,
+                        offsets=offsets,
+                        exactly_once=exactly_once,
+                        restate_seq=restate_seq,
+                    ),
+                    what=what,
+                    dsn=self._dsn,
+                )
+            except _KeyTaken as taken:
+                _log.info(
+                    "window %d: sink %s meets keys its table holds; it upserts from now on",
+                    window_id,
+                    taken.sink,
+                )
+                self._upserting.add(taken.sink)
 
     def _attempt(
         self,
@@ -296,9 +320,22 @@ class Transaction:
                     continue
                 self._check_staged(conn, item)
                 if restate_seq is None:
-                    rows, added = apply_staged(
-                        conn, item.spec, item.ident, self.job, window_id, item.positioned
-                    )
+                    fresh = item.spec.mode == "upsert" and item.spec.name not in self._upserting
+                    try:
+                        rows, added = apply_staged(
+                            conn,
+                            item.spec,
+                            item.ident,
+                            self.job,
+                            window_id,
+                            item.positioned,
+                            fresh=fresh,
+                        )
+                    except psycopg.errors.UniqueViolation:
+                        if not fresh:
+                            raise
+                        conn.rollback()
+                        raise _KeyTaken(item.spec.name) from None
                 else:
                     rows, added = restate_staged(
                         conn, item.spec, item.ident, self.job, window_id, item.positioned
