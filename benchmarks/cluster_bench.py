@@ -6,6 +6,7 @@ from start to exit: `local` is the default `local[2]` session; `cluster` sets
 `ONCEFLOW_SPARK_MASTER` to a standalone master with two workers of one core each, started
 (`onceflow.spark_cluster`) before the clock starts. On one machine the ratio shows the cluster's
 overhead (executors in JVMs of their own, rows and results over the network), not a speed-up.
+`--s3` adds the cluster with the lake on the project's local S3 server (`onceflow.s3_server`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--files", type=int, default=40)
     parser.add_argument("--files-per-window", type=int, default=4)
     parser.add_argument("--dsn", default=os.environ.get("ONCEFLOW_BENCH_DSN"))
+    parser.add_argument("--s3", action="store_true", help="also the cluster with the lake on S3")
     args = parser.parse_args(argv)
 
     from onceflow.generate import generate_payments
@@ -46,15 +48,24 @@ def main(argv: list[str] | None = None) -> int:
             source, records=args.records, files=args.files, duplicate_rate=0.02, seed=11
         )
 
-        def site(name: str, master: str | None) -> dict[str, str]:
+        def site(name: str, master: str | None, **extra: str) -> dict[str, str]:
             cluster_url = {"ONCEFLOW_SPARK_MASTER": master} if master else {}
-            return site_env(work, server_dsn, name, source / "payments", **cluster_url)
+            return site_env(work, server_dsn, name, source / "payments", **cluster_url, **extra)
 
         window = ("--max-files-per-window", str(args.files_per_window))
         results: dict[str, float] = {}
         results["local"] = run_cli(site("local", None), "run", "payments", *window)
         with local_cluster(work / "cluster", workers=2, cores=1) as cluster:
             results["cluster"] = run_cli(site("cluster", cluster.url), "run", "payments", *window)
+            if args.s3:
+                from onceflow.s3_server import LocalS3
+
+                with LocalS3(log=work / "s3.log") as s3:
+                    s3.create_bucket("bench")
+                    on_s3 = {**s3.env(), "ONCEFLOW_LAKE": "s3://bench/lake"}
+                    results["cluster, S3 lake"] = run_cli(
+                        site("cluster_s3", cluster.url, **on_s3), "run", "payments", *window
+                    )
         for mode, wall in results.items():
             print(f"{mode}: {wall:.1f}s for {args.records:,} payments")
         print(
@@ -62,9 +73,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{args.files_per_window} files per window, {os.cpu_count()} cores, "
             f"load {os.getloadavg()[0]:.1f}"
         )
-        local, cluster_s = results["local"], results["cluster"]
-        print(f"  {'local[2]':>12} {'2 workers':>12} {'cluster/local':>14}")
-        print(f"  {local:11.1f}s {cluster_s:11.1f}s {cluster_s / local:13.2f}x")
+        local = results["local"]
+        for mode, wall in results.items():
+            print(f"  {mode:>18}: {wall:6.1f}s  {wall / local:5.2f}x local[2]")
     finally:
         if pg is not None:
             pg.cleanup()

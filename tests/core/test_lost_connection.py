@@ -299,3 +299,73 @@ def test_cli_run_against_an_unreachable_server_names_it_without_credentials(
     failure = json.loads(done.stdout)  # the one JSON object on stdout
     assert failure["error"] == "PostgresUnavailableError" and failure["retryable"] is True
     assert (failure["ok"], failure["exit_code"]) == (False, 75)
+
+
+def test_an_upsert_sink_whose_keys_return_ends_exact_through_lost_answers(
+    spark: Any, pg_dsn: str, lake: Path, landing: Path, tmp_path: Path, caplog: Any
+) -> None:
+    """An upsert sink inserts windows of new keys as they are and commits a window whose keys
+    its table holds again as an upsert: through lost COMMIT and statement answers, in runs that
+    each start by inserting, the table ends with the latest window's row of every key."""
+    import logging
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from pyspark.sql import functions as F
+
+    from onceflow import Job, ParquetSource, PostgresSink
+
+    job = Job(
+        name="latest_points",
+        source=ParquetSource("scores", schema={"team": "string", "points": "bigint"}),
+        transform=lambda rows, ctx: {
+            "latest": rows.select(
+                "team", "points", F.lit(ctx.window_id).cast("bigint").alias("_window_id")
+            )
+        },
+        sinks=(
+            PostgresSink(
+                "pg_latest", "latest", table="latest_points",
+                columns={"team": "text", "points": "bigint", "_window_id": "bigint"},
+                key=("team",), mode="upsert", window_column="_window_id",
+            ),
+        ),
+    )  # fmt: skip
+    # 24 files, one a window, in 3 runs of 8: each file brings 40 teams, some new, some back.
+    folder = landing / "scores"
+    folder.mkdir(parents=True)
+    latest: dict[str, tuple[int, int]] = {}
+    settings = Settings(home=tmp_path / "home", postgres_dsn=pg_dsn, lake=lake, landing=landing)
+    with PgProxy(pg_dsn) as proxy:
+        proxy.flaky(commits=0.25, replies=0.03, seed=7)
+        engine = Engine(job, settings, spark, proxy.dsn(dbname(pg_dsn)))
+        direct = Engine(job, settings, None, pg_dsn)
+        for run in range(3):
+            for n in range(run * 8, run * 8 + 8):
+                teams = [f"t{(n * 17 + i * 7) % (60 + n * 10)}" for i in range(40)]
+                teams = list(dict.fromkeys(teams))  # one row per key a window
+                points = [n * 1000 + i for i in range(len(teams))]
+                pq.write_table(
+                    pa.table({"team": teams, "points": pa.array(points, pa.int64())}),
+                    folder / f"f{n:03d}.parquet",
+                )
+                for team, p in zip(teams, points, strict=True):
+                    latest[team] = (p, n + 1)
+            with caplog.at_level(logging.INFO, logger="onceflow.sinks.postgres.commit"):
+                _, failures, windows = run_until_done(engine, direct, per_window=1)
+            assert sorted(windows) == list(range(run * 8 + 1, run * 8 + 9)), failures
+        lost = proxy.lost()
+    switched = [r for r in caplog.records if "upserts from now on" in r.getMessage()]
+    assert lost > 0 and switched  # the network was flaky, and the upsert path was taken
+    with psycopg.connect(pg_dsn) as conn:
+        rows = conn.execute("SELECT team, points, _window_id FROM latest_points").fetchall()
+        markers = conn.execute(
+            "SELECT count(*) FROM onceflow.sink_commits WHERE job = 'latest_points'"
+        ).fetchone()
+    got = {team: (points, window) for team, points, window in rows}
+    assert len(rows) == len(got)
+    lost_keys = set(latest) - set(got)
+    wrong = {t for t in set(latest) & set(got) if latest[t] != got[t]}
+    extra = set(got) - set(latest)
+    assert (lost_keys, wrong, extra) == (set(), set(), set())
+    assert markers == (24,)
