@@ -496,15 +496,21 @@ class Ledger(Restatements, Abandonments):
 
         def work(conn: psycopg.Connection) -> T | None:
             done = also(conn) if also is not None else None
-            self.record_commits(conn, window_id, commits)
-            conn.execute(
-                "UPDATE onceflow.windows SET completed_at = now()"
-                " WHERE job = %s AND window_id = %s AND completed_at IS NULL",
-                (self.job, window_id),
-            )
+            self.mark_completed_in(conn, window_id, commits)
             return done
 
         return self.write(f"mark window {window_id} completed", work)
+
+    def mark_completed_in(
+        self, conn: psycopg.Connection, window_id: int, commits: Sequence[SinkOutcome] = ()
+    ) -> None:
+        """Inside `conn`'s transaction, what `mark_completed` does (idempotent)."""
+        self.record_commits(conn, window_id, commits)
+        conn.execute(
+            "UPDATE onceflow.windows SET completed_at = now()"
+            " WHERE job = %s AND window_id = %s AND completed_at IS NULL",
+            (self.job, window_id),
+        )
 
     def skipped_windows(self) -> list[tuple[int, str]]:
         """Windows an operator skipped, with the reasons, in window order."""

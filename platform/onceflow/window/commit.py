@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from onceflow import faults
-from onceflow.window.complete import add_records, complete
+from onceflow.window.complete import add_records, begin_completing, complete
 from onceflow.window.context import JobContext
 from onceflow.window.prepare import Prepared, drop_keys
 from onceflow.window.results import WindowResult, commits
@@ -23,9 +23,11 @@ def commit(ctx: JobContext, prepared: Prepared, keep_keys: bool = False) -> Wind
         prepared.stage.discard()
         result.latency_s = result.visible_s = time.monotonic() - prepared.started
         return result
+    completing = None
     try:
         ctx.ledger.record_stats(window.window_id, result.stats)
         faults.point("before_sinks", window.window_id)
+        completing = begin_completing(ctx, window.window_id, epoch, prepared.keys, prepared.results)
         for group, write in prepared.writes:
             with out.bound(ctx.spark_or_none):  # a staged copy lost is written again
                 outcomes = group.finish(
@@ -39,8 +41,13 @@ def commit(ctx: JobContext, prepared: Prepared, keep_keys: bool = False) -> Wind
         if ctx.exactly_once:
             ctx.ledger.check_epoch(epoch)
         add_records(ctx, window.window_id, result.sinks)
-        complete(ctx, window.window_id, prepared.keys, prepared.results, commits(result.sinks))
+        complete(
+            ctx, window.window_id, prepared.keys, prepared.results, commits(result.sinks),
+            completing,
+        )  # fmt: skip
     finally:
+        if completing is not None:
+            completing.abandon()  # committed or given up by now, unless the commit failed
         out.release()
         if not keep_keys:
             drop_keys(ctx, prepared)
