@@ -15,6 +15,7 @@ from onceflow.engine import build_engine
 from onceflow.generate import generate_payments
 from onceflow.jobs.payments import PAYMENTS
 from onceflow.settings import Settings
+from onceflow.window import complete
 from tests.support.oracle import expected_outputs
 from tests.support.outputs import actual_outputs, assert_exact
 from tests.support.pgproxy import PgProxy
@@ -40,11 +41,19 @@ def _lake_keys(lake: Path) -> dict[str, int]:
 
 @pytest.mark.parametrize("lost", [0, 1], ids=["answered", "lost"])
 def test_keys_move_beside_the_commits_and_a_lost_answer_completes_the_window_once(
-    spark: Any, pg_dsn: str, lake: Path, landing: Path, tmp_path: Path, lost: int, caplog: Any
+    spark: Any,
+    pg_dsn: str,
+    lake: Path,
+    landing: Path,
+    tmp_path: Path,
+    lost: int,
+    caplog: Any,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The COMMIT of the transaction that moved window 1's keys beside its sinks' commits and
     then marked it completed loses its answer (`lost`): the window is completed again, as
     before there was a move beside the commits, and every window's keys are indexed once."""
+    monkeypatch.setattr(complete, "EARLY_MIN_KEYS", 1)  # these windows' keys move early too
     generate_payments(landing, records=900, files=3, duplicate_rate=0.1, invalid_rate=0.05)
     dbname = psycopg.conninfo.conninfo_to_dict(pg_dsn)["dbname"]
     with PgProxy(pg_dsn) as proxy:
