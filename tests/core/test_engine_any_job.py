@@ -31,6 +31,7 @@ from onceflow import (
 )
 from onceflow.reconcile import reconcile
 from onceflow.restate import restate_windows
+from tests.support.latest_points import latest_points_job
 
 SCHEMA = {"event_id": "string", "team": "string", "points": "bigint"}
 
@@ -224,25 +225,7 @@ def test_an_upsert_sink_inserts_windows_of_new_keys_and_upserts_once_a_key_retur
     window's commit ref), and the latest window's row of a key wins."""
     settings = Settings(home=tmp_path / "home", postgres_dsn=pg_dsn, lake=lake, landing=landing)
 
-    def latest(rows: DataFrame, ctx: WindowContext) -> Mapping[str, DataFrame]:
-        return {
-            "latest": rows.select(
-                "team", "points", F.lit(ctx.window_id).cast("bigint").alias("_window_id")
-            )
-        }
-
-    job = Job(
-        name="latest_points",
-        source=ParquetSource("scores", schema=SCHEMA),
-        transform=latest,
-        sinks=(
-            PostgresSink(
-                "pg_latest", "latest", table="latest_points",
-                columns={"team": "text", "points": "bigint", "_window_id": "bigint"},
-                key=("team",), mode="upsert", window_column="_window_id",
-            ),
-        ),
-    )  # fmt: skip
+    job = latest_points_job(SCHEMA)
     batches = [
         [("e1", "red", 3), ("e2", "blue", 5)],
         [("e3", "green", 7)],  # new keys only

@@ -28,6 +28,7 @@ from onceflow.reconcile import reconcile
 from onceflow.settings import Settings
 from onceflow.status import pending_work
 from tests.support.cli import CliRun
+from tests.support.latest_points import latest_points_job
 from tests.support.oracle import expected_outputs
 from tests.support.outputs import actual_outputs, assert_exact
 from tests.support.pgproxy import PgProxy
@@ -311,26 +312,8 @@ def test_an_upsert_sink_whose_keys_return_ends_exact_through_lost_answers(
 
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from pyspark.sql import functions as F
 
-    from onceflow import Job, ParquetSource, PostgresSink
-
-    job = Job(
-        name="latest_points",
-        source=ParquetSource("scores", schema={"team": "string", "points": "bigint"}),
-        transform=lambda rows, ctx: {
-            "latest": rows.select(
-                "team", "points", F.lit(ctx.window_id).cast("bigint").alias("_window_id")
-            )
-        },
-        sinks=(
-            PostgresSink(
-                "pg_latest", "latest", table="latest_points",
-                columns={"team": "text", "points": "bigint", "_window_id": "bigint"},
-                key=("team",), mode="upsert", window_column="_window_id",
-            ),
-        ),
-    )  # fmt: skip
+    job = latest_points_job({"team": "string", "points": "bigint"})
     # 24 files, one a window, in 3 runs of 8: each file brings 40 teams, some new, some back.
     folder = landing / "scores"
     folder.mkdir(parents=True)
