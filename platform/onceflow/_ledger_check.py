@@ -28,10 +28,12 @@ from typing import TYPE_CHECKING, Protocol
 
 import psycopg
 
+from onceflow._ledger_scan import orphaned_windows
 from onceflow.errors import LedgerError
 
 if TYPE_CHECKING:
     from onceflow._keyindex import KeyIndex
+    from onceflow._ledger_verified import Verified
     from onceflow.job import Job
     from onceflow.ledger import Ledger
 
@@ -46,31 +48,33 @@ class JobContext(Protocol):
 
     def held(self, window_ids: Sequence[int]) -> dict[int, set[str]]: ...
 
-    def rebuild_ledger(self) -> list[int]: ...
+    def rebuild_ledger(self, verified: Verified | None = None) -> list[int]: ...
 
 
 _log = logging.getLogger(__name__)
 
 
-def check_ledger(engine: JobContext, epoch: int) -> None:
+def check_ledger(engine: JobContext, epoch: int, verified: Verified | None = None) -> None:
     """Repair what the ledger can tell it lost (see the module); `epoch` is the run's own,
-    already claimed in every sink, so no older run commits anything from here on."""
-    _release_lost_windows_input(engine, epoch)
+    already claimed in every sink, so no older run commits anything from here on. With
+    `verified`, only what changed since the verified point is looked at
+    (`onceflow._ledger_verified`)."""
+    _release_lost_windows_input(engine, epoch, verified)
     _check_key_index(engine, epoch)
 
 
-def _release_lost_windows_input(engine: JobContext, epoch: int) -> None:
+def _release_lost_windows_input(engine: JobContext, epoch: int, verified: Verified | None) -> None:
     from onceflow.windows import format_windows
 
     ledger, job = engine.ledger, engine.job.name
-    lost = ledger.orphaned_windows()
+    lost = orphaned_windows(ledger, verified)
     if not lost:
         return
     # A run fenced only now may have committed one of them after the ledger was rebuilt.
     held = sorted(wid for wid, sinks in engine.held(lost).items() if sinks)
     if held:
         engine.rebuild_ledger()
-        still = set(held) & set(ledger.orphaned_windows())
+        still = set(held) & set(orphaned_windows(ledger))
         if still:
             raise LedgerError(
                 f"job {job}: windows {format_windows(sorted(still))} are missing from the "

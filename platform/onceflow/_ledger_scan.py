@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from psycopg import sql
 
 if TYPE_CHECKING:
+    from onceflow._ledger_verified import Verified
     from onceflow.ledger import Ledger, Window
 
 
@@ -30,11 +31,24 @@ def _windows(ledger: Ledger, where: str, params: Sequence[Any], what: str) -> li
     return [Window(ledger.job, int(w), o, int(e), s, bool(c), r) for w, o, e, s, c, r in rows]
 
 
-def contiguous_through(ledger: Ledger) -> int:
+def contiguous_through(ledger: Ledger, verified: Verified | None = None) -> int:
     """The highest k such that the ledger has every window 1..k (0 when window 1 is missing).
 
     Window ids are dense from 1, so a count equal to the highest id means no gap: one
-    index-only aggregate. Only a ledger that lost rows pays for finding its first gap."""
+    index-only aggregate, over the windows above the verified point when no window was
+    removed since (`_ledger_verified`). Only a ledger that lost rows pays for finding its
+    first gap."""
+    if verified is not None and not verified.removed:
+        row = ledger.read(
+            "count the windows above the verified point",
+            lambda conn: conn.execute(
+                "SELECT count(*), coalesce(max(window_id), %s) FROM onceflow.windows"
+                " WHERE job = %s AND window_id > %s",
+                (verified.through, ledger.job, verified.through),
+            ).fetchone(),
+        )
+        if row and int(row[0]) == int(row[1]) - verified.through:
+            return int(row[1])
     row = ledger.read(
         "count the windows",
         lambda conn: conn.execute(
@@ -84,9 +98,9 @@ class KnownWindows(Set[int]):
         return KnownWindows(self.through, self.above | {w for w in ids if w > self.through})
 
 
-def known_windows(ledger: Ledger) -> KnownWindows:
+def known_windows(ledger: Ledger, verified: Verified | None = None) -> KnownWindows:
     """Which windows the ledger has, read as one count and the ids above the first gap."""
-    through = contiguous_through(ledger)
+    through = contiguous_through(ledger, verified)
     rows = ledger.read(
         "read the window ids above the first gap",
         lambda conn: conn.execute(
@@ -97,14 +111,20 @@ def known_windows(ledger: Ledger) -> KnownWindows:
     return KnownWindows(through, frozenset(int(w) for (w,) in rows))
 
 
-def unindexed_windows(ledger: Ledger) -> list[Window]:
+def unindexed_windows(ledger: Ledger, verified: Verified | None = None) -> list[Window]:
     """Windows without a row in the unit index (`source_units` lost on its own): an anti-join
-    on the server, empty when the index is whole."""
+    on the server, empty when the index is whole; with a verified point, of the windows above
+    it and those whose rows were removed since."""
+    where = (
+        "NOT EXISTS (SELECT 1 FROM onceflow.source_units u"
+        " WHERE u.job = w.job AND u.window_id = w.window_id)"
+    )
+    if verified is None:
+        return _windows(ledger, where, (), "read the windows missing from the unit index")
     return _windows(
         ledger,
-        "NOT EXISTS (SELECT 1 FROM onceflow.source_units u"
-        " WHERE u.job = w.job AND u.window_id = w.window_id)",
-        (),
+        where + " AND (w.window_id > %s OR w.window_id = ANY(%s))",
+        (verified.through, sorted(verified.removed)),
         "read the windows missing from the unit index",
     )
 
@@ -171,3 +191,22 @@ def window_summary(ledger: Ledger, recent: int) -> WindowSummary:
         "read the newest windows",
     )
     return WindowSummary(count, last, pending, skipped, newest)
+
+
+def orphaned_windows(ledger: Ledger, verified: Verified | None = None) -> list[int]:
+    """Window ids the unit index names that are not planned windows (the plan lost them);
+    with a verified point (`_ledger_verified`), among the ids above it and those whose rows
+    were removed since."""
+    where = sql.SQL("")
+    params: tuple[Any, ...] = (ledger.job,)
+    if verified is not None:
+        where = sql.SQL(" AND (u.window_id > %s OR u.window_id = ANY(%s))")
+        params += (verified.through, sorted(verified.removed))
+    query = sql.SQL(
+        "SELECT DISTINCT u.window_id FROM onceflow.source_units u WHERE u.job = %s{}"
+        " AND NOT EXISTS (SELECT 1 FROM onceflow.windows w"
+        "                 WHERE w.job = u.job AND w.window_id = u.window_id)"
+        " ORDER BY 1"
+    ).format(where)
+    rows = ledger.read("read the unit index", lambda conn: conn.execute(query, params).fetchall())
+    return [int(w) for (w,) in rows]

@@ -98,3 +98,76 @@ CREATE TABLE IF NOT EXISTS onceflow.reconciliations (
     PRIMARY KEY (job, sink)
 );
 """
+
+# The ledger's verified point and the removal notes behind it (`onceflow._ledger_verified`).
+VERIFIED_DDL = """
+CREATE TABLE IF NOT EXISTS onceflow.ledger_verified (
+    job text PRIMARY KEY,
+    through bigint NOT NULL,
+    removals_through bigint NOT NULL,
+    tables oid[] NOT NULL,
+    verified_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE IF NOT EXISTS onceflow.ledger_removals (
+    id bigserial PRIMARY KEY,
+    job text,
+    window_id bigint,
+    source text NOT NULL,
+    removed_at timestamptz NOT NULL DEFAULT now()
+);
+-- Created only when missing: CREATE OR REPLACE and CREATE INDEX lock the tables against the
+-- inserts of a run in progress even when there is nothing to do.
+DO $$ BEGIN
+    IF to_regprocedure('onceflow.note_moved_row()') IS NULL THEN
+        CREATE FUNCTION onceflow.note_removed_rows() RETURNS trigger LANGUAGE plpgsql AS $f$
+        BEGIN
+            INSERT INTO onceflow.ledger_removals (job, window_id, source)
+            SELECT DISTINCT r.job, r.window_id, TG_TABLE_NAME FROM removed r;
+            RETURN NULL;
+        END $f$;
+        CREATE FUNCTION onceflow.note_moved_row() RETURNS trigger LANGUAGE plpgsql AS $f$
+        BEGIN
+            INSERT INTO onceflow.ledger_removals (job, window_id, source)
+            VALUES (OLD.job, OLD.window_id, TG_TABLE_NAME);
+            RETURN NULL;
+        END $f$;
+        CREATE FUNCTION onceflow.note_truncate() RETURNS trigger LANGUAGE plpgsql AS $f$
+        BEGIN
+            INSERT INTO onceflow.ledger_removals (job, window_id, source)
+            VALUES (NULL, NULL, TG_TABLE_NAME);
+            RETURN NULL;
+        END $f$;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_trigger
+                   WHERE tgrelid = 'onceflow.windows'::regclass AND tgname = 'note_removed') THEN
+        CREATE TRIGGER note_removed AFTER DELETE ON onceflow.windows
+            REFERENCING OLD TABLE AS removed
+            FOR EACH STATEMENT EXECUTE FUNCTION onceflow.note_removed_rows();
+        CREATE TRIGGER note_moved AFTER UPDATE OF job, window_id ON onceflow.windows
+            FOR EACH ROW EXECUTE FUNCTION onceflow.note_moved_row();
+        CREATE TRIGGER note_truncated AFTER TRUNCATE ON onceflow.windows
+            FOR EACH STATEMENT EXECUTE FUNCTION onceflow.note_truncate();
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_trigger
+                   WHERE tgrelid = 'onceflow.source_units'::regclass
+                   AND tgname = 'note_removed') THEN
+        CREATE TRIGGER note_removed AFTER DELETE ON onceflow.source_units
+            REFERENCING OLD TABLE AS removed
+            FOR EACH STATEMENT EXECUTE FUNCTION onceflow.note_removed_rows();
+        CREATE TRIGGER note_moved AFTER UPDATE OF job, window_id ON onceflow.source_units
+            FOR EACH ROW EXECUTE FUNCTION onceflow.note_moved_row();
+        CREATE TRIGGER note_truncated AFTER TRUNCATE ON onceflow.source_units
+            FOR EACH STATEMENT EXECUTE FUNCTION onceflow.note_truncate();
+    END IF;
+    -- The checks above the verified point and the horizons read by index, not by scan.
+    IF to_regclass('onceflow.source_units_by_window') IS NULL THEN
+        CREATE INDEX source_units_by_window ON onceflow.source_units (job, window_id);
+    END IF;
+    IF to_regclass('onceflow.windows_by_planned_at') IS NULL THEN
+        CREATE INDEX windows_by_planned_at ON onceflow.windows (job, planned_at);
+    END IF;
+    IF to_regclass('onceflow.windows_by_epoch') IS NULL THEN
+        CREATE INDEX windows_by_epoch ON onceflow.windows (job, epoch);
+    END IF;
+END $$;
+"""

@@ -23,6 +23,7 @@ from onceflow import faults
 from onceflow._identifiers import session_name
 from onceflow._ledger_requests import Abandonments, Restatement, Restatements
 from onceflow._ledger_schema import DDL as _DDL
+from onceflow._ledger_schema import VERIFIED_DDL
 from onceflow.errors import FencedError, LedgerError
 from onceflow.lineage import ensure_view
 from onceflow.postgres import Sessions, connect, retrying
@@ -161,6 +162,7 @@ class Ledger(Restatements, Abandonments):
             # Concurrent CREATE ... IF NOT EXISTS can still collide on the catalog; serialise.
             conn.execute("SELECT pg_advisory_xact_lock(hashtext('onceflow.schema'))")
             conn.execute(_DDL)
+            conn.execute(VERIFIED_DDL)
             conn.execute(SINK_STATE_DDL)
             ensure_view(conn)
 
@@ -404,10 +406,23 @@ class Ledger(Restatements, Abandonments):
         self.write(f"restore window {window.window_id}", restore)
 
     def restore_units(self, units: Iterable[tuple[str, int]]) -> None:
-        """Re-create the unit index (unit, window id) from the windows' offsets."""
+        """Re-create the unit index (unit, window id) from the windows' offsets. A unit the
+        index gives to a window that is not planned (a row moved or a plan row lost) goes back
+        to the planned window whose offsets name it: windows a sink holds were put back first."""
         indexed = list(units)
-        if indexed:
-            self.write("restore the unit index", lambda conn: self._index_units(conn, indexed))
+        if not indexed:
+            return
+        self.write(
+            "restore the unit index",
+            lambda conn: conn.execute(
+                "INSERT INTO onceflow.source_units AS s (job, unit, window_id)"
+                " SELECT %s, u, w FROM unnest(%s::text[], %s::bigint[]) AS x(u, w)"
+                " ON CONFLICT (job, unit) DO UPDATE SET window_id = excluded.window_id"
+                " WHERE NOT EXISTS (SELECT 1 FROM onceflow.windows p"
+                "                   WHERE p.job = s.job AND p.window_id = s.window_id)",
+                (self.job, [u for u, _ in indexed], [w for _, w in indexed]),
+            ),
+        )
 
     def _index_units(self, conn: psycopg.Connection, units: list[tuple[str, int]]) -> None:
         if not units:
@@ -428,20 +443,6 @@ class Ledger(Restatements, Abandonments):
             ).fetchall(),
         )
         return {int(w) for (w,) in rows}
-
-    def orphaned_windows(self) -> list[int]:
-        """Window ids the unit index names that are not planned windows (the plan lost them)."""
-        rows = self.read(
-            "read the unit index",
-            lambda conn: conn.execute(
-                "SELECT DISTINCT u.window_id FROM onceflow.source_units u WHERE u.job = %s"
-                " AND NOT EXISTS (SELECT 1 FROM onceflow.windows w"
-                "                 WHERE w.job = u.job AND w.window_id = u.window_id)"
-                " ORDER BY 1",
-                (self.job,),
-            ).fetchall(),
-        )
-        return [int(w) for (w,) in rows]
 
     def record_stats(self, window_id: int, stats: dict[str, Any]) -> None:
         self.write(

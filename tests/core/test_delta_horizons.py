@@ -26,7 +26,7 @@ from deltalake import DeltaTable
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from onceflow import ConfigurationError, DeltaSink, Engine, Job, ParquetSource, Settings
+from onceflow import ConfigurationError, DeltaSink, Engine, Job, ParquetSource, Settings, ops
 from onceflow.errors import LedgerError
 from onceflow.job import WindowContext
 
@@ -192,3 +192,67 @@ def test_the_guard_covers_log_retention_and_transactions(
     _land(landing, 1)
     with pytest.raises(ConfigurationError, match="logRetentionDuration"):
         engine.run()
+
+
+def test_maintain_keeps_the_records_a_cleaned_log_loses(
+    spark, pg_dsn: str, tmp_path: Path, lake: Path, landing: Path
+) -> None:
+    """`onceflow maintain` cleans a Delta-only job's log once the entries' records are kept
+    beside it: a lost ledger is rebuilt from them, and no input is planned again."""
+    settings = Settings(home=tmp_path / "home", postgres_dsn=pg_dsn, lake=lake, landing=landing)
+    path = lake / TABLE
+    landed = _land(landing, 0) + _land(landing, 1) + _land(landing, 2)
+    engine = Engine(JOB, settings, spark, pg_dsn)
+    assert [w.window_id for w in engine.run(max_units_per_window=1).windows] == [1, 2, 3]
+
+    # Every retention past: maintenance checkpoints and cleans the whole log below.
+    DeltaTable(str(path)).alter.set_table_properties(
+        {
+            "delta.logRetentionDuration": "interval 0 seconds",
+            "delta.deletedFileRetentionDuration": "interval 0 seconds",
+        }
+    )
+    result = ops.maintain(JOB, settings, dsn=pg_dsn, jobs=[JOB])
+    (table,) = result.tables
+    assert table.log_entries_removed > 0, table
+    assert not (path / "_delta_log" / f"{0:020d}.json").exists()
+    assert _windows_in_log(path) == []  # the log names none of the three windows
+    assert list((path / "_onceflow" / "log_records").glob("*.jsonl.gzip"))
+    DeltaTable(str(path)).alter.set_table_properties(
+        {"delta.logRetentionDuration": "interval 30 days"}
+    )
+
+    # The records answer for the removed entries: windows above 1 from the kept records...
+    group = engine.groups[0]
+    assert [r.window_id for r in group.recorded_windows(after=1)] == [2, 3]
+    # ...and the start-up guard no longer counts windows whose records are kept, however old.
+    with psycopg.connect(pg_dsn) as conn:
+        conn.execute("UPDATE onceflow.windows SET planned_at = now() - interval '40 days'")
+    engine.check_retention()
+
+    # The ledger is lost and more input lands: the three windows come back from the records
+    # (completed by this run, which finds them held), their input is not planned again, and
+    # the new file is the fourth window.
+    with psycopg.connect(pg_dsn) as conn:
+        conn.execute("DROP SCHEMA onceflow CASCADE")
+    landed += _land(landing, 3)
+    version = DeltaTable(str(path)).version()
+    again = Engine(JOB, settings, spark, pg_dsn).run(max_units_per_window=1)
+    assert [w.window_id for w in again.windows] == [1, 2, 3, 4]
+    assert _lost_and_doubled(lake, landed) == (0, 0)
+    with psycopg.connect(pg_dsn) as conn:
+        rows = conn.execute(
+            "SELECT window_id, offsets->'files' FROM onceflow.windows WHERE job = %s"
+            " ORDER BY window_id",
+            (JOB.name,),
+        ).fetchall()
+    assert [(w, [f.rsplit("/", 1)[-1] for f in files]) for w, files in rows] == [
+        (i + 1, [f"b{i}.parquet"]) for i in range(4)
+    ]
+    # One window commit (the fourth) after the run's epoch claim: nothing written twice.
+    windows = [
+        e.get("onceflow.window_id")
+        for e in DeltaTable(str(path)).history()
+        if int(e["version"]) > version
+    ]
+    assert [w for w in windows if w is not None] == ["4"]

@@ -52,6 +52,8 @@ LEDGER_TABLES = (
     "restate_commits",
     "window_contributions",
     "contributions",
+    "ledger_verified",
+    "ledger_removals",
 )
 # Tables of the `onceflow` schema that are a sink's data, not the ledger's.
 SINK_TABLES = ("quarantine",)

@@ -368,3 +368,32 @@ def test_the_s3_server_command_serves_until_sigterm(tmp_path: Path) -> None:
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_the_log_records_are_kept_and_read_back_on_the_store(site: S3Site) -> None:
+    """The commit records kept beside a table's log (`sinks/delta/_records.py`) on the store:
+    written whole, merged, read back, and still naming every version once the log's oldest
+    entries are removed below a checkpoint."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from onceflow.sinks.delta import _records
+    from onceflow.sinks.delta.table import DeltaTableSink
+
+    table = site.lake / "records"
+    for i in range(_records.MERGE_AT + 3):
+        write_deltalake(
+            table.uri, pa.table({"n": [i]}), mode="append", storage_options=table.delta_options()
+        )
+    sink = DeltaTableSink("job", "sink", table)
+    newest = sink.table().version()
+    for version in range(newest + 1):  # one file a call: merged past MERGE_AT
+        assert _records.summarize(sink, version) == version
+    assert 1 <= len((table / _records.FOLDER).children()) <= _records.MERGE_AT
+    assert sorted(_records.read(sink)) == list(range(newest + 1))
+    sink.table().create_checkpoint()
+    fs = table.filesystem()
+    for version in range(5):
+        fs.delete_file((table / "_delta_log" / f"{version:020d}.json").fs_path)
+    assert sink.entry_actions(0) is None
+    assert _records.whole(sink)

@@ -9,9 +9,10 @@ from collections.abc import Sequence
 from contextlib import ExitStack
 from typing import TYPE_CHECKING
 
+from onceflow import _ledger_verified as ledger_verified
 from onceflow._keyindex import KeyIndex
 from onceflow._ledger_check import check_ledger
-from onceflow._ledger_scan import known_windows, unindexed_windows
+from onceflow._ledger_scan import contiguous_through, known_windows, unindexed_windows
 from onceflow._staging import WindowStage
 from onceflow.errors import ConfigurationError, LedgerError
 from onceflow.job import Guarantee, Job
@@ -23,6 +24,7 @@ from onceflow.sinks.registry import open_groups
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from onceflow._ledger_verified import Verified
     from onceflow.sinks.writers import WritersPlan
     from onceflow.window.outputs import WindowOutputs
 
@@ -146,16 +148,18 @@ class JobContext:
         """The highest epoch any sink has seen, so a new epoch is higher even without a ledger."""
         return max([group.epoch_floor() for group in self.groups], default=0)
 
-    def rebuild_ledger(self) -> list[int]:
+    def rebuild_ledger(self, verified: Verified | None = None) -> list[int]:
         """Put back windows the sinks recorded but the ledger lost; return their ids.
 
         Also re-creates the unit index from the windows' offsets (it can be lost on its own;
-        without it, planned input would be planned again as new windows).
+        without it, planned input would be planned again as new windows). With `verified`
+        (start-up's), the ledger's own checks look only above the verified point and at the
+        windows removed since (`onceflow._ledger_verified`).
         """
         job = self.job
         # The ledger has every window through `known.through`: only records above it are read,
         # so a whole ledger costs a count and the sinks' entries since, not their history.
-        known = known_windows(self.ledger)
+        known = known_windows(self.ledger, verified)
         found: dict[int, Window] = {}
         for group in self.groups:
             for rec in group.recorded_windows(after=known.through):
@@ -169,7 +173,7 @@ class JobContext:
             raise LedgerError(f"job {job.name}: " + " ".join(gaps) + " Nothing was planned.")
         for wid in sorted(found):
             self.ledger.restore_window(found[wid], job.source.units(found[wid].offsets))
-        missing = unindexed_windows(self.ledger)
+        missing = unindexed_windows(self.ledger, verified)
         self.ledger.restore_units(
             (unit, w.window_id) for w in missing for unit in job.source.units(w.offsets)
         )
@@ -191,14 +195,21 @@ class JobContext:
         if self.index is not None:
             self.index.reset()
         self.prepare()
+        # Read before the checks: removals noted while they run are looked at next time.
+        verified = ledger_verified.read(self.ledger)
+        removals = (
+            verified.removals_through if verified else ledger_verified.newest_removal(self.ledger)
+        )
         with ExitStack() as pins:  # read-only checks: one snapshot of each sink's state
             for group in self.groups:
                 pins.enter_context(group.pinned())
-            self.rebuild_ledger()
+            self.rebuild_ledger(verified)
             self.check_retention()
             floor = max(self.sink_epoch_floor(), self.ledger.epoch_floor())
         epoch = self.ledger.acquire_epoch(run_id, floor=floor)
         for group in self.groups:
             group.claim_epoch(epoch)
-        check_ledger(self, epoch)
+        check_ledger(self, epoch, verified)
+        through = contiguous_through(self.ledger, verified)
+        ledger_verified.record(self.ledger, epoch, through, removals)
         return epoch

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from onceflow.sinks.delta import _records
+
 if TYPE_CHECKING:
     from onceflow.sinks.delta.table import DeltaTableSink
 
@@ -28,11 +30,19 @@ def window_commits(
     if not wanted or not sink.exists():
         return found
     lowest = min(wanted)
-    for version, window, actions in _window_entries(sink, sink.table().version(), limit):
+    newest = sink.table().version()
+    reached = False
+    for version, window, actions in _window_entries(sink, newest, limit):
         if window in wanted:
             found[window] = (version, _commit_info(actions))
         if window <= lowest or len(found) == len(wanted):
+            reached = True
             break
+    if not reached and sink.entry_actions(0) is None:
+        # The log was cleaned: the records kept beside it name the older windows.
+        for record in _records.read(sink).values():
+            if record.window in wanted and record.window not in found:
+                found[record.window] = (record.version, record.info)
     return found
 
 
@@ -49,13 +59,19 @@ def commits_after(sink: DeltaTableSink, after: int) -> list[tuple[int, dict[str,
     table = sink.table()
     if (table.transaction_version(sink.app_id) or 0) <= after:
         return []
-    found: list[tuple[int, dict[str, Any]]] = []
+    found: dict[int, dict[str, Any]] = {}
+    reached = False
     for _, window, actions in _window_entries(sink, table.version()):
         if window <= after:
+            reached = True
             break
-        found.append((window, _commit_info(actions)))
-    found.sort(key=lambda f: f[0])
-    return found
+        found[window] = _commit_info(actions)
+    if not reached:
+        # The walk met an entry log cleanup removed (or the log's start): the records kept
+        # beside the log name the windows of the removed entries.
+        for window, info in _records.windows(sink, after).items():
+            found.setdefault(window, info)
+    return sorted(found.items(), key=lambda f: f[0])
 
 
 def _window_entries(
@@ -86,20 +102,19 @@ def _commit_info(actions: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def window_history(sink: DeltaTableSink) -> list[dict[str, Any]]:
-    """This job's window commits recorded in the table, oldest window first.
-
-    Only the entries the log still has: after log cleanup (see `first_entry`) the oldest
-    windows are missing from it."""
+    """This job's window commits recorded in the table, oldest window first: the log's
+    entries, and the records kept beside the log for the entries log cleanup removed."""
     from onceflow.sinks.delta.table import META_PREFIX
 
     if not sink.exists():
         return []
-    out = [
-        entry
-        for entry in sink.table().history()
-        if entry.get(f"{META_PREFIX}job") == sink.job
-        and entry.get(f"{META_PREFIX}sink", sink.sink) == sink.sink
-        and f"{META_PREFIX}window_id" in entry
-    ]
-    out.sort(key=lambda e: int(e[f"{META_PREFIX}window_id"]))
-    return out
+    kept = [{**r.info, "version": r.version} for r in _records.read(sink).values()]
+    by_window: dict[int, dict[str, Any]] = {}
+    for entry in [*kept, *sink.table().history()]:
+        if (
+            entry.get(f"{META_PREFIX}job") == sink.job
+            and entry.get(f"{META_PREFIX}sink", sink.sink) == sink.sink
+            and f"{META_PREFIX}window_id" in entry
+        ):
+            by_window[int(entry[f"{META_PREFIX}window_id"])] = entry
+    return [by_window[w] for w in sorted(by_window)]

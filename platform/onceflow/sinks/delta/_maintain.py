@@ -16,8 +16,9 @@ Why each step keeps the guarantee (docs/design.md, "Maintenance"):
   goes only under the job's fence: a new epoch claimed in the table, after which no older run
   can commit, and only if written before the fence and older than the orphan age.
 - Log entries go only below a checkpoint at or before the keep version (a downstream job
-  loads the snapshot before its window), older than `delta.logRetentionDuration`, and never
-  for a job whose only window records are the log (a lost ledger is rebuilt from it).
+  loads the snapshot before its window), older than `delta.logRetentionDuration`, and only
+  once their commit records are kept beside the log (`_records`): for a job whose only window
+  records are the log, they are what a lost ledger is rebuilt from.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from deltalake import CommitProperties, DeltaTable
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction, RemoveAction
 
+from onceflow.sinks.delta import _records
 from onceflow.sinks.delta._files import POST_COMMIT, write_file
 from onceflow.sinks.delta._log import LogFacts, data_files, log_files_before, read_log, version_at
 from onceflow.sinks.delta.table import COMMIT_TOKEN, META_PREFIX, DeltaTableSink
@@ -66,7 +68,7 @@ def maintain_table(
         sink: The sink's table.
         holds: Each downstream job's oldest needed version.
         log_is_only_record: The job's only window records are this log (no PostgreSQL sink):
-            its entries are never cleaned up.
+            an entry goes only if its record is kept beside the log.
         fence: Takes the job's fence (a new epoch claimed in every sink) and returns it.
         options: Dry run, orphan age, compaction target.
     """
@@ -338,12 +340,6 @@ def _clean_log(
     now_ms: int,
     notes: list[str],
 ) -> int:
-    if log_is_only_record:
-        notes.append(
-            "log kept whole: the job's only window records are this log (it has no "
-            "PostgreSQL sink), and a lost ledger is rebuilt from it"
-        )
-        return 0
     if str(config.get(LOG_CLEANUP_PROPERTY, "true")).strip().lower() == "false":
         return 0
     retention = parse_interval(config.get(LOG_RETENTION_PROPERTY, LOG_RETENTION_DEFAULT))
@@ -351,8 +347,20 @@ def _clean_log(
     if by_time is None:
         return 0
     limit = min(keep, by_time)
-    below = [c for c in facts.checkpoints if c <= limit]
+    # Every entry that goes has its record kept beside the log first (`_records`).
+    kept_through = _records.summarize(sink, limit)
+    below = [
+        c
+        for c in facts.checkpoints
+        if c <= limit and (c <= kept_through + 1 or not log_is_only_record)
+    ]
     if not below:
+        if log_is_only_record and any(c <= limit for c in facts.checkpoints):
+            notes.append(
+                f"log not cleaned: the records of its entries are kept beside it only through "
+                f"version {kept_through} (an entry after it is missing), and the job's only "
+                "window records are this log"
+            )
         return 0
     files = log_files_before(sink.path, max(below))
     fs = sink.path.filesystem()

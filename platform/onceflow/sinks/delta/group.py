@@ -6,7 +6,7 @@ import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 from onceflow._delta_read import read_snapshot, spark_schema
@@ -24,6 +24,7 @@ from onceflow.sinks.base import (
     TableFacts,
     WindowWrite,
 )
+from onceflow.sinks.delta import _records
 from onceflow.sinks.delta._lineage import commits_after, window_commits, window_history
 from onceflow.sinks.delta._reconcile import reconcile_delta
 from onceflow.sinks.delta.spec import DeltaSink
@@ -52,6 +53,8 @@ LOG_RETENTION_DEFAULT = "interval 30 days"
 LOG_CLEANUP_PROPERTY = "delta.enableExpiredLogCleanup"
 # Commits looked at to find the newest window commit behind a run's epoch claims.
 RECENT_COMMITS = 50
+# Entries read past the kept commit records to find the oldest window commit only the log has.
+LOG_HORIZON_WALK = 100
 
 
 class DeltaGroup(SinkGroup):
@@ -392,7 +395,7 @@ class DeltaGroup(SinkGroup):
             return None
         through = self.table.table().transaction_version(self.table.app_id) or 0
         missing = known.missing(through)
-        if not missing or self.table.first_entry() is not None:
+        if not missing or self.table.first_entry() is not None or _records.whole(self.table):
             return None
         from onceflow.windows import format_windows
 
@@ -447,18 +450,48 @@ class DeltaGroup(SinkGroup):
             )
         cleanup = str(config.get(LOG_CLEANUP_PROPERTY, "true")).strip().lower() != "false"
         log = config.get(LOG_RETENTION_PROPERTY, LOG_RETENTION_DEFAULT)
-        if cleanup and not records_elsewhere and parse_interval(log) < horizon:
+        unkept = self._log_horizon(horizon) if cleanup and not records_elsewhere else None
+        if unkept is not None and parse_interval(log) < unkept:
             raise ConfigurationError(
                 f"Delta table {self.table.path} keeps commit entries for {LOG_RETENTION_PROPERTY}"
                 f" = {log!r}{'' if LOG_RETENTION_PROPERTY in config else ' (the default)'}, "
-                f"shorter than the job's replay horizon ({horizon.days} day(s), the age of its "
-                "oldest window): a checkpoint removes older entries, and with them the offsets "
-                "of the windows they committed, which the job has nowhere else (its only sinks "
-                "are Delta tables), so a lost ledger could not be rebuilt. Set "
+                f"shorter than the job's replay horizon ({unkept.days} day(s), the age of its "
+                "oldest window whose record is only in the log): a checkpoint removes older "
+                "entries, and with them the offsets of the windows they committed, which the job "
+                "has nowhere else (its only sinks are Delta tables, and `onceflow maintain` has "
+                "not kept their records beside the log), so a lost ledger could not be rebuilt. "
+                "Run `onceflow maintain` (it keeps them), set "
                 f"{LOG_RETENTION_PROPERTY} longer than the job will live (e.g. 'interval 3650 "
                 f"days') or {LOG_CLEANUP_PROPERTY} = 'false' {fix}, or give the job a "
                 "PostgreSQL sink."
             )
+
+    def keep_log_records(self) -> None:
+        """Keep the commit records of every log entry beside the log (`_records`), so log
+        cleanup never takes a window's only record."""
+        if self.table.exists():
+            _records.summarize(self.table, self.table.table().version())
+
+    def _log_horizon(self, horizon: timedelta) -> timedelta:
+        """How old the oldest window commit is whose record is only in the log: the first
+        after the records `onceflow maintain` keeps beside the log (`_records`), else the
+        job's horizon. Entries of no window (a run's epoch claim) are passed over."""
+        through = _records.covered_through(self.table)
+        if through < 0:
+            return horizon
+        newest = self.table.table().version()
+        first: dict[str, Any] | None = None
+        for version in range(through + 1, min(newest, through + LOG_HORIZON_WALK) + 1):
+            actions = self.table.entry_actions(version)
+            if actions is None:
+                return horizon  # gone too: the records cannot vouch for it
+            info = next((a["commitInfo"] for a in actions if "commitInfo" in a), None) or {}
+            first = first or info
+            if any("txn" in a and a["txn"].get("appId") == self.table.app_id for a in actions):
+                return min(horizon, _age(info))
+        if newest - through > LOG_HORIZON_WALK:
+            return min(horizon, _age(first or {}))  # a long run of entries: the oldest counts
+        return timedelta(0)
 
     def maintain(
         self,
@@ -539,6 +572,14 @@ class DeltaGroup(SinkGroup):
                 "committed_through": self.table.committed_through(),
             }
         }
+
+
+def _age(info: Mapping[str, Any]) -> timedelta:
+    """How long ago a commit was made (its info's timestamp); an unknown time counts as old."""
+    millis = info.get("inCommitTimestamp") or info.get("timestamp")
+    if not isinstance(millis, int | float):
+        return timedelta.max
+    return datetime.now(timezone.utc) - datetime.fromtimestamp(millis / 1000, timezone.utc)
 
 
 def _created_at(created_ms: int | None, first: Mapping[str, Any] | None) -> datetime | None:
