@@ -104,8 +104,8 @@ VERIFIED_DDL = """
 CREATE TABLE IF NOT EXISTS onceflow.ledger_verified (
     job text PRIMARY KEY,
     through bigint NOT NULL,
-    removals_through bigint NOT NULL,
     tables oid[] NOT NULL,
+    truncations_seen bigint[] NOT NULL,
     verified_at timestamptz NOT NULL DEFAULT now()
 );
 CREATE TABLE IF NOT EXISTS onceflow.ledger_removals (

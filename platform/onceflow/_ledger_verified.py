@@ -11,8 +11,9 @@ Removed rows are noted by the server itself: triggers on `windows` and `source_u
 the window id of every row deleted (or moved to another job or window) in
 `onceflow.ledger_removals`, and a `TRUNCATE` as a removal of everything. A table dropped and
 created again (or restored from a backup) has a new oid, which the verified point names; so
-does every other way a whole table can go (the notes' own table included). In each such case the next start-up checks
-everything again, as it did before it had a verified point.
+does every other way a whole table can go (the notes' own table included). In each such
+case the next start-up checks everything again, as it did before it had a verified point.
+A start-up consumes the notes it read once its checks have passed.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from typing import TYPE_CHECKING
 from psycopg import sql
 
 if TYPE_CHECKING:
+    import psycopg
+
     from onceflow.ledger import Ledger
 
 
@@ -40,58 +43,62 @@ class Verified:
 
     through: int  # every window 1..through was present with its units, and none is missing
     removed: frozenset[int]  # window ids whose rows (plan or units) were removed since
-    removals_through: int  # the newest removal note read
 
 
-def read(ledger: Ledger) -> Verified | None:
-    """The job's verified point, or None when everything must be checked: none recorded, a
-    table created again since, or a table emptied (`TRUNCATE`)."""
+@dataclass(frozen=True)
+class Notes:
+    """The removal notes a start-up read: consumed once its checks have passed."""
+
+    ids: tuple[int, ...]  # the job's own notes
+    truncations: tuple[int, ...]  # every `TRUNCATE` noted (they name no job)
+
+
+def read(ledger: Ledger) -> tuple[Verified | None, Notes]:
+    """The job's verified point (None when everything must be checked: none recorded, a table
+    created again since, or a table emptied by a `TRUNCATE` not seen yet) and the notes read."""
     query = sql.SQL(
-        "SELECT v.through, v.tables = {tables},"
-        " coalesce((SELECT max(id) FROM onceflow.ledger_removals), 0),"
-        " coalesce((SELECT array_agg(DISTINCT r.window_id) FROM onceflow.ledger_removals r"
-        "           WHERE r.id > v.removals_through AND r.job = %(job)s), '{{}}'),"
-        " EXISTS (SELECT 1 FROM onceflow.ledger_removals r"
-        "         WHERE r.id > v.removals_through AND r.job IS NULL)"
-        " FROM onceflow.ledger_verified v WHERE v.job = %(job)s"
+        "SELECT v.through, v.tables = {tables}, v.truncations_seen,"
+        " (SELECT coalesce(array_agg(r.id), '{{}}') FROM onceflow.ledger_removals r"
+        "  WHERE r.job = %(job)s),"
+        " (SELECT coalesce(array_agg(DISTINCT r.window_id), '{{}}')"
+        "  FROM onceflow.ledger_removals r WHERE r.job = %(job)s),"
+        " (SELECT coalesce(array_agg(r.id), '{{}}') FROM onceflow.ledger_removals r"
+        "  WHERE r.job IS NULL)"
+        " FROM (SELECT 1) AS one LEFT JOIN onceflow.ledger_verified v ON v.job = %(job)s"
     ).format(tables=_TABLES)
     row = ledger.read(
         "read the ledger's verified point",
         lambda conn: conn.execute(query, {"job": ledger.job}).fetchone(),  # type: ignore[arg-type]
     )
-    if row is None:
-        return None
-    through, same_tables, newest, removed, emptied = row
-    if not same_tables or emptied:  # NULL when a table is missing: checked whole
-        return None
-    return Verified(int(through), frozenset(int(w) for w in removed), int(newest))
+    assert row is not None  # one row, from `one`
+    through, same_tables, seen, ids, removed, truncations = row
+    notes = Notes(tuple(int(i) for i in ids), tuple(int(i) for i in truncations))
+    # `same_tables` is NULL when no point is recorded or a table is missing.
+    if through is None or not same_tables or set(notes.truncations) - set(seen or ()):
+        return None, notes
+    return Verified(int(through), frozenset(int(w) for w in removed if w is not None)), notes
 
 
-def newest_removal(ledger: Ledger) -> int:
-    """The newest removal note's id (read before a full check: notes after it are new)."""
-    row = ledger.read(
-        "read the ledger's removal notes",
-        lambda conn: conn.execute(
-            "SELECT coalesce(max(id), 0) FROM onceflow.ledger_removals"
-        ).fetchone(),
-    )
-    return int(row[0]) if row else 0
+def record(ledger: Ledger, epoch: int, through: int, notes: Notes) -> None:
+    """Record that the ledger was checked whole through window `through`, and consume the
+    notes read before the checks (notes made meanwhile stay for the next start-up: they are
+    consumed by id, never by a watermark a slower transaction could commit below)."""
 
-
-def record(ledger: Ledger, epoch: int, through: int, removals_through: int) -> None:
-    """Record that the ledger was checked whole through window `through`, with every removal
-    note up to `removals_through` looked at."""
-    ledger.write(
-        "record the ledger's verified point",
-        lambda conn: conn.execute(
+    def write(conn: psycopg.Connection) -> None:
+        conn.execute(
             sql.SQL(
                 "INSERT INTO onceflow.ledger_verified AS v"
-                " (job, through, removals_through, tables) VALUES (%s, %s, %s, {tables})"
+                " (job, through, tables, truncations_seen) VALUES (%s, %s, {tables}, %s)"
                 " ON CONFLICT (job) DO UPDATE SET through = excluded.through,"
-                " removals_through = excluded.removals_through, tables = excluded.tables,"
+                " tables = excluded.tables, truncations_seen = excluded.truncations_seen,"
                 " verified_at = now()"
             ).format(tables=_TABLES),
-            (ledger.job, through, removals_through),
-        ),
-        epoch,
-    )
+            (ledger.job, through, list(notes.truncations)),
+        )
+        if notes.ids:
+            conn.execute(
+                "DELETE FROM onceflow.ledger_removals WHERE job = %s AND id = ANY(%s)",
+                (ledger.job, list(notes.ids)),
+            )
+
+    ledger.write("record the ledger's verified point", write, epoch)

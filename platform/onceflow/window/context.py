@@ -196,10 +196,7 @@ class JobContext:
             self.index.reset()
         self.prepare()
         # Read before the checks: removals noted while they run are looked at next time.
-        verified = ledger_verified.read(self.ledger)
-        removals = (
-            verified.removals_through if verified else ledger_verified.newest_removal(self.ledger)
-        )
+        verified, notes = ledger_verified.read(self.ledger)
         with ExitStack() as pins:  # read-only checks: one snapshot of each sink's state
             for group in self.groups:
                 pins.enter_context(group.pinned())
@@ -211,5 +208,5 @@ class JobContext:
             group.claim_epoch(epoch)
         check_ledger(self, epoch, verified)
         through = contiguous_through(self.ledger, verified)
-        ledger_verified.record(self.ledger, epoch, through, removals)
+        ledger_verified.record(self.ledger, epoch, through, notes)
         return epoch
