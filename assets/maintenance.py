@@ -54,6 +54,7 @@ def table_metadata(table: Any) -> dict[str, Any]:
         "files_vacuumed": MetadataValue.int(table.files_vacuumed),
         "orphans_removed": MetadataValue.int(table.orphans_removed),
         "log_files_removed": MetadataValue.int(table.log_entries_removed),
+        "log_records_kept_through": MetadataValue.int(table.log_records_through),
         "kept_from_version": MetadataValue.int(table.keep_version),
         "vacuum_held_back_by": MetadataValue.text(held),
     }

@@ -16,8 +16,8 @@ each with its ratio to the smallest history, before and after `ops.maintain` (af
 state of a job maintained on its schedule, every window past the log retention: the log cleaned,
 its commit records kept beside it); and the Delta table's data file count and a full
 snapshot read (`DeltaTable.to_pyarrow_table`) before and after `ops.maintain`, against the same
-rows written in one commit. A follow window's latency and an incremental reconcile need Spark
-and are not timed here.
+rows written in one commit. With `--window` (Spark), also a run of one new window on each
+maintained history (start-up to completed). An incremental reconcile is not timed here.
 
     .venv/bin/python benchmarks/maintain_bench.py --sizes 100,10000,100000 --maintain-max 10000
 """
@@ -43,7 +43,7 @@ import pyarrow.parquet as pq
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "platform"))
 
 from deltalake import DeltaTable, write_deltalake
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 
 from onceflow import DeltaSink, Job, ParquetSource, Settings, ops
 from onceflow._identifiers import delta_app_id, epoch_app_id
@@ -182,7 +182,12 @@ def _data_files(path: Path) -> int:
 
 
 def bench(
-    server: str, work: Path, windows: int, repeat: int, maintain: bool = True
+    server: str,
+    work: Path,
+    windows: int,
+    repeat: int,
+    maintain: bool = True,
+    spark: SparkSession | None = None,
 ) -> dict[str, float]:
     root = work / f"h{windows}"
     settings = Settings(
@@ -224,7 +229,33 @@ def bench(
     out["startup_after_s"] = _median(lambda: engine.start(f"bench-{uuid.uuid4().hex}"), repeat)
     out["status_after_s"] = _median(lambda: ops.status(JOB, settings, dsn=dsn), repeat)
     out["lacking_after_s"] = _median(engine.lacking_windows, repeat)
+    if spark is not None:
+        out["window_after_s"] = _window_runs(spark, settings, dsn, repeat)
     return out
+
+
+def _window_runs(spark: SparkSession, settings: Settings, dsn: str, repeat: int) -> float:
+    """A run of one new window on top of the history (a landed file, `Engine.run`: start-up,
+    plan, compute, commit, complete), after one untimed run that warms the session up."""
+    runner = Engine(JOB, settings, spark, dsn)
+    folder = settings.landing.path / "events"
+    folder.mkdir(parents=True, exist_ok=True)
+    times = []
+    for i in range(repeat + 1):
+        data = pa.table(
+            {
+                "event_id": [f"n{i}-{j}" for j in range(ROWS_PER_WINDOW)],
+                "points": pa.array(range(ROWS_PER_WINDOW), pa.int64()),
+            }
+        )
+        pq.write_table(data, folder / f".n{i}.tmp")
+        (folder / f".n{i}.tmp").rename(folder / f"n{i:04d}.parquet")
+        started = time.perf_counter()
+        result = runner.run(max_units_per_window=1)
+        if i:
+            times.append(time.perf_counter() - started)
+        assert len(result.windows) == 1, result
+    return statistics.median(times)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -237,6 +268,11 @@ def main(argv: list[str] | None = None) -> int:
         default=10_000,
         help="run and time `maintain` only for histories up to this many windows",
     )
+    parser.add_argument(
+        "--window",
+        action="store_true",
+        help="also time a run of one new window on each maintained history (starts Spark)",
+    )
     args = parser.parse_args(argv)
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
     import pgserver
@@ -245,9 +281,14 @@ def main(argv: list[str] | None = None) -> int:
     work.chmod(0o755)  # the embedded server runs as another user when we are root
     try:
         server = pgserver.get_server(work / "pg", cleanup_mode="stop").get_uri()
+        spark = None
+        if args.window:
+            from onceflow.spark import build_spark_session
+
+            spark = build_spark_session(app_name="onceflow-maintain-bench")
         results = {}
         for size in [int(s) for s in args.sizes.split(",") if s]:
-            results[size] = bench(server, work, size, args.repeat, size <= args.maintain_max)
+            results[size] = bench(server, work, size, args.repeat, size <= args.maintain_max, spark)
             print(size, {k: round(v, 4) for k, v in results[size].items()}, flush=True)
         base = results[min(results)]
         print(
@@ -290,6 +331,12 @@ def main(argv: list[str] | None = None) -> int:
                     f"{r['status_after_s']:.3f}s ({r['status_after_s'] / first['status_after_s']:.2f}x), "
                     f"lacking {r['lacking_after_s']:.3f}s "
                     f"({r['lacking_after_s'] / first['lacking_after_s']:.2f}x)"
+                    + (
+                        f", one new window's run {r['window_after_s']:.3f}s "
+                        f"({r['window_after_s'] / first['window_after_s']:.2f}x)"
+                        if "window_after_s" in r
+                        else ""
+                    )
                 )
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -35,7 +35,7 @@ class MaintainResult:
                 f"compacted {t.compacted_files}; checkpoint at {t.checkpoint_version}; "
                 f"{verb} {t.files_vacuumed} vacuumed, {t.orphans_removed} orphan(s), "
                 f"{t.log_entries_removed} log file(s); kept every file from version "
-                f"{t.keep_version}"
+                f"{t.keep_version}; log records kept through version {t.log_records_through}"
             )
             out.extend(
                 f"  vacuum held back: job {h.job} {h.reason} (needs version {h.version})"

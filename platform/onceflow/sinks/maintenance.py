@@ -51,6 +51,8 @@ class TableMaintained:
         checkpoint_version: The version a checkpoint was written at (None: none written).
         keep_version: Every file live at this version or later is kept (-1: every file).
         log_entries_removed: Log files (entries, checkpoints, checksums) removed.
+        log_records_through: The log entries' commit records are kept beside the log through
+            this version (-1: none kept).
         files_vacuumed, bytes_vacuumed: Files no kept version holds, removed.
         orphans_removed: Files no log entry names (a commit that lost a race, a killed
             writer), older than the orphan age, removed under the job's fence.
@@ -74,6 +76,7 @@ class TableMaintained:
     checkpoint_version: int | None = None
     keep_version: int = -1
     log_entries_removed: int = 0
+    log_records_through: int = -1
     files_vacuumed: int = 0
     bytes_vacuumed: int = 0
     orphans_removed: int = 0

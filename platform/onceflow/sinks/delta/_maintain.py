@@ -154,6 +154,7 @@ def maintain_table(
         checkpoint_version=checkpoint_version,
         keep_version=keep,
         log_entries_removed=removed,
+        log_records_through=_records.covered_through(sink),
         files_vacuumed=vacuumed,
         bytes_vacuumed=vacuum_bytes,
         orphans_removed=orphans,
@@ -235,14 +236,13 @@ def _bins(adds: list[dict[str, Any]], options: Options) -> list[list[dict[str, A
     """The small files in groups of two or more, each group's bytes up to the target."""
     small = [a for a in adds if int(a["size_bytes"]) < options.target_file_bytes]
     bins: list[list[dict[str, Any]]] = [[]]
+    size = 0  # of the last bin
     for add in small:
-        if (
-            bins[-1]
-            and sum(int(a["size_bytes"]) for a in bins[-1]) + int(add["size_bytes"])
-            > options.target_file_bytes
-        ):
+        if bins[-1] and size + int(add["size_bytes"]) > options.target_file_bytes:
             bins.append([])
+            size = 0
         bins[-1].append(add)
+        size += int(add["size_bytes"])
     return [b for b in bins if len(b) > 1]
 
 
