@@ -160,15 +160,23 @@ class WindowSummary:
 
 
 def window_summary(ledger: Ledger, recent: int) -> WindowSummary:
-    """The count, the last id, the pending and skipped windows, and the `recent` newest."""
+    """The count, the last id, the pending and skipped windows, and the `recent` newest.
+
+    Counted above the ledger's verified point when no window was removed since (every window
+    up to it is there, `_ledger_verified`), else over every window."""
+    from onceflow._ledger_verified import read as read_verified
+
+    verified, _ = read_verified(ledger)
+    floor = verified.through if verified is not None and not verified.removed else 0
     row = ledger.read(
         "summarise the windows",
         lambda conn: conn.execute(
-            "SELECT count(*), coalesce(max(window_id), 0) FROM onceflow.windows WHERE job = %s",
-            (ledger.job,),
+            "SELECT count(*), coalesce(max(window_id), %s) FROM onceflow.windows"
+            " WHERE job = %s AND window_id > %s",
+            (floor, ledger.job, floor),
         ).fetchone(),
     )
-    count, last = (int(row[0]), int(row[1])) if row else (0, 0)
+    count, last = (floor + int(row[0]), int(row[1])) if row else (floor, floor)
     rows = ledger.read(
         "read the pending and skipped windows",
         lambda conn: conn.execute(

@@ -169,5 +169,10 @@ DO $$ BEGIN
     IF to_regclass('onceflow.windows_by_epoch') IS NULL THEN
         CREATE INDEX windows_by_epoch ON onceflow.windows (job, epoch);
     END IF;
+    -- The windows not completed or skipped (`status`, a run's pending windows): a few rows.
+    IF to_regclass('onceflow.windows_open') IS NULL THEN
+        CREATE INDEX windows_open ON onceflow.windows (job, window_id)
+            WHERE completed_at IS NULL OR skip_reason IS NOT NULL;
+    END IF;
 END $$;
 """
