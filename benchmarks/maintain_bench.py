@@ -237,6 +237,12 @@ def bench(
 def _window_runs(spark: SparkSession, settings: Settings, dsn: str, repeat: int) -> float:
     """A run of one new window on top of the history (a landed file, `Engine.run`: start-up,
     plan, compute, commit, complete), after one untimed run that warms the session up."""
+    # Back to the default log retention: the windows these runs commit are copied beside the
+    # log only by the next `maintain`, and until then a start-up (rightly) refuses a retention
+    # shorter than their age.
+    DeltaTable(str(settings.lake.path / "events")).alter.set_table_properties(
+        {"delta.logRetentionDuration": "interval 30 days"}
+    )
     runner = Engine(JOB, settings, spark, dsn)
     folder = settings.landing.path / "events"
     folder.mkdir(parents=True, exist_ok=True)
