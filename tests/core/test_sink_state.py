@@ -215,8 +215,12 @@ def test_a_commit_on_a_table_restored_mid_run_is_refused_on_its_snapshot(
 
     def restore_after_first(result) -> None:
         if not restored:
-            shutil.rmtree(lake / "payments")
-            shutil.copytree(backup, lake / "payments")
+            # Swapped in by two renames: the window being prepared meanwhile sees the old table
+            # or the restored one, not a table half copied (a lost table is another test's).
+            staged = tmp_path / "table-restored"
+            shutil.copytree(backup, staged)
+            os.rename(lake / "payments", tmp_path / "table-replaced")
+            os.rename(staged, lake / "payments")
             restored.append(result.window_id)
 
     with pytest.raises(SinkStateError, match="holds windows through 2"):

@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -29,6 +30,8 @@ CODE_LOCATION_TIMEOUT_S = 120
 _SELECTOR = f'repositoryLocationName: "{LOCATION}", repositoryName: "__repository__"'
 FINISHED = ("SUCCESS", "FAILURE", "CANCELED")
 LOG_TAIL_LINES = 120
+# Tries of a GraphQL request answered with a server error (5xx).
+GRAPHQL_ATTEMPTS = 4
 # Tags a failure's report shows for each run: onceflow's own and Dagster's retry verdict.
 _DESCRIBED_TAGS = ("onceflow/", "dagster/will_retry", "dagster/retry_number", "dagster/sensor")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -153,8 +156,17 @@ class DagsterDev:
         request = urllib.request.Request(
             self.url + "/graphql", data=body, headers={"Content-Type": "application/json"}
         )
-        with urllib.request.urlopen(request, timeout=30) as resp:
-            out = json.loads(resp.read())
+        for attempt in range(GRAPHQL_ATTEMPTS):
+            try:
+                with urllib.request.urlopen(request, timeout=30) as resp:
+                    out = json.loads(resp.read())
+                break
+            except urllib.error.HTTPError as exc:
+                # A server error answered while the daemon and the runs load a 2-core machine;
+                # every query and mutation sent here (sensor and schedule state) is idempotent.
+                if exc.code < 500 or attempt + 1 == GRAPHQL_ATTEMPTS:
+                    raise
+                time.sleep(2)
         assert "errors" not in out, out["errors"]
         return out["data"]
 
