@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from psycopg import sql
 
+from onceflow import _ledger_verified as ledger_verified
+
 if TYPE_CHECKING:
     from onceflow._ledger_verified import Verified
     from onceflow.ledger import Ledger, Window
@@ -164,9 +166,7 @@ def window_summary(ledger: Ledger, recent: int) -> WindowSummary:
 
     Counted above the ledger's verified point when no window was removed since (every window
     up to it is there, `_ledger_verified`), else over every window."""
-    from onceflow._ledger_verified import read as read_verified
-
-    verified, _ = read_verified(ledger)
+    verified, _ = ledger_verified.read(ledger)
     floor = verified.through if verified is not None and not verified.removed else 0
     row = ledger.read(
         "summarise the windows",

@@ -117,7 +117,7 @@ CREATE TABLE IF NOT EXISTS onceflow.ledger_removals (
 );
 -- Created only when missing: CREATE OR REPLACE and CREATE INDEX lock the tables against the
 -- inserts of a run in progress even when there is nothing to do.
-DO $$ BEGIN
+DO $$ DECLARE t text; BEGIN
     IF to_regprocedure('onceflow.note_moved_row()') IS NULL THEN
         CREATE FUNCTION onceflow.note_removed_rows() RETURNS trigger LANGUAGE plpgsql AS $f$
         BEGIN
@@ -138,27 +138,20 @@ DO $$ BEGIN
             RETURN NULL;
         END $f$;
     END IF;
-    IF NOT EXISTS (SELECT 1 FROM pg_trigger
-                   WHERE tgrelid = 'onceflow.windows'::regclass AND tgname = 'note_removed') THEN
-        CREATE TRIGGER note_removed AFTER DELETE ON onceflow.windows
-            REFERENCING OLD TABLE AS removed
-            FOR EACH STATEMENT EXECUTE FUNCTION onceflow.note_removed_rows();
-        CREATE TRIGGER note_moved AFTER UPDATE OF job, window_id ON onceflow.windows
-            FOR EACH ROW EXECUTE FUNCTION onceflow.note_moved_row();
-        CREATE TRIGGER note_truncated AFTER TRUNCATE ON onceflow.windows
-            FOR EACH STATEMENT EXECUTE FUNCTION onceflow.note_truncate();
-    END IF;
-    IF NOT EXISTS (SELECT 1 FROM pg_trigger
-                   WHERE tgrelid = 'onceflow.source_units'::regclass
-                   AND tgname = 'note_removed') THEN
-        CREATE TRIGGER note_removed AFTER DELETE ON onceflow.source_units
-            REFERENCING OLD TABLE AS removed
-            FOR EACH STATEMENT EXECUTE FUNCTION onceflow.note_removed_rows();
-        CREATE TRIGGER note_moved AFTER UPDATE OF job, window_id ON onceflow.source_units
-            FOR EACH ROW EXECUTE FUNCTION onceflow.note_moved_row();
-        CREATE TRIGGER note_truncated AFTER TRUNCATE ON onceflow.source_units
-            FOR EACH STATEMENT EXECUTE FUNCTION onceflow.note_truncate();
-    END IF;
+    FOREACH t IN ARRAY ARRAY['windows', 'source_units'] LOOP
+        IF NOT EXISTS (SELECT 1 FROM pg_trigger
+                       WHERE tgrelid = format('onceflow.%I', t)::regclass
+                       AND tgname = 'note_removed') THEN
+            EXECUTE format('CREATE TRIGGER note_removed AFTER DELETE ON onceflow.%I'
+                           ' REFERENCING OLD TABLE AS removed FOR EACH STATEMENT'
+                           ' EXECUTE FUNCTION onceflow.note_removed_rows()', t);
+            EXECUTE format('CREATE TRIGGER note_moved AFTER UPDATE OF job, window_id'
+                           ' ON onceflow.%I FOR EACH ROW'
+                           ' EXECUTE FUNCTION onceflow.note_moved_row()', t);
+            EXECUTE format('CREATE TRIGGER note_truncated AFTER TRUNCATE ON onceflow.%I'
+                           ' FOR EACH STATEMENT EXECUTE FUNCTION onceflow.note_truncate()', t);
+        END IF;
+    END LOOP;
     -- The checks above the verified point and the horizons read by index, not by scan.
     IF to_regclass('onceflow.source_units_by_window') IS NULL THEN
         CREATE INDEX source_units_by_window ON onceflow.source_units (job, window_id);

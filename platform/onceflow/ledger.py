@@ -410,27 +410,34 @@ class Ledger(Restatements, Abandonments):
         index gives to a window that is not planned (a row moved or a plan row lost) goes back
         to the planned window whose offsets name it: windows a sink holds were put back first."""
         indexed = list(units)
-        if not indexed:
-            return
-        self.write(
-            "restore the unit index",
-            lambda conn: conn.execute(
-                "INSERT INTO onceflow.source_units AS s (job, unit, window_id)"
-                " SELECT %s, u, w FROM unnest(%s::text[], %s::bigint[]) AS x(u, w)"
-                " ON CONFLICT (job, unit) DO UPDATE SET window_id = excluded.window_id"
-                " WHERE NOT EXISTS (SELECT 1 FROM onceflow.windows p"
-                "                   WHERE p.job = s.job AND p.window_id = s.window_id)",
-                (self.job, [u for u, _ in indexed], [w for _, w in indexed]),
-            ),
-        )
+        if indexed:
+            self.write(
+                "restore the unit index",
+                lambda conn: self._index_units(conn, indexed, take_from_unplanned=True),
+            )
 
-    def _index_units(self, conn: psycopg.Connection, units: list[tuple[str, int]]) -> None:
+    def _index_units(
+        self,
+        conn: psycopg.Connection,
+        units: list[tuple[str, int]],
+        *,
+        take_from_unplanned: bool = False,
+    ) -> None:
         if not units:
             return
+        conflict = (
+            "DO UPDATE SET window_id = excluded.window_id"
+            " WHERE NOT EXISTS (SELECT 1 FROM onceflow.windows p"
+            "                   WHERE p.job = s.job AND p.window_id = s.window_id)"
+            if take_from_unplanned
+            else "DO NOTHING"
+        )
         conn.execute(
-            "INSERT INTO onceflow.source_units (job, unit, window_id)"
-            " SELECT %s, u, w FROM unnest(%s::text[], %s::bigint[]) AS x(u, w)"
-            " ON CONFLICT DO NOTHING",
+            sql.SQL(
+                "INSERT INTO onceflow.source_units AS s (job, unit, window_id)"
+                " SELECT %s, u, w FROM unnest(%s::text[], %s::bigint[]) AS x(u, w)"
+                " ON CONFLICT (job, unit) {}"
+            ).format(sql.SQL(conflict)),  # one of the two constant clauses above
             (self.job, [u for u, _ in units], [w for _, w in units]),
         )
 

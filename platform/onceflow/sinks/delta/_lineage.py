@@ -7,6 +7,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from onceflow.sinks.delta import _records
+from onceflow.sinks.delta._log import commit_info, window_of
 
 if TYPE_CHECKING:
     from onceflow.sinks.delta.table import DeltaTableSink
@@ -34,11 +35,11 @@ def window_commits(
     reached = False
     for version, window, actions in _window_entries(sink, newest, limit):
         if window in wanted:
-            found[window] = (version, _commit_info(actions))
+            found[window] = (version, commit_info(actions))
         if window <= lowest or len(found) == len(wanted):
             reached = True
             break
-    if not reached and sink.entry_actions(0) is None:
+    if not reached and sink.first_entry() is None:
         # The log was cleaned: the records kept beside it name the older windows.
         for record in _records.read(sink).values():
             if record.window in wanted and record.window not in found:
@@ -65,7 +66,7 @@ def commits_after(sink: DeltaTableSink, after: int) -> list[tuple[int, dict[str,
         if window <= after:
             reached = True
             break
-        found[window] = _commit_info(actions)
+        found[window] = commit_info(actions)
     if not reached:
         # The walk met an entry log cleanup removed (or the log's start): the records kept
         # beside the log name the windows of the removed entries.
@@ -85,20 +86,9 @@ def _window_entries(
         actions = sink.entry_actions(version)
         if actions is None:
             return
-        window = next(
-            (
-                int(a["txn"]["version"])
-                for a in actions
-                if "txn" in a and a["txn"].get("appId") == sink.app_id
-            ),
-            None,
-        )
+        window = window_of(actions, sink.app_id)
         if window is not None:
             yield version, window, actions
-
-
-def _commit_info(actions: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    return dict(next((a["commitInfo"] for a in actions if "commitInfo" in a), {}))
 
 
 def window_history(sink: DeltaTableSink) -> list[dict[str, Any]]:

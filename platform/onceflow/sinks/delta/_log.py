@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -30,6 +30,24 @@ class LogFacts:
     adds: dict[int, list[str]] = field(default_factory=dict)  # version -> files it adds
     named: set[str] = field(default_factory=set)  # every file an entry adds or removes
     timestamps: dict[int, int] = field(default_factory=dict)  # version -> commit time, ms
+
+
+def commit_info(actions: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """A log entry's commit info (empty when it has none)."""
+    return dict(next((a["commitInfo"] for a in actions if "commitInfo" in a), None) or {})
+
+
+def window_of(actions: Sequence[dict[str, Any]], app_id: str) -> int | None:
+    """The window a log entry commits: its app transaction `app_id`'s version (None for an
+    entry of no window: an epoch claim, a restatement, maintenance)."""
+    return next(
+        (
+            int(a["txn"]["version"])
+            for a in actions
+            if "txn" in a and a["txn"].get("appId") == app_id
+        ),
+        None,
+    )
 
 
 def relative(table: Location, path: str) -> str | None:

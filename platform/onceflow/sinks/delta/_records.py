@@ -21,6 +21,8 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from onceflow.sinks.delta._log import commit_info, window_of
+
 if TYPE_CHECKING:
     from onceflow.sinks.delta.table import DeltaTableSink
     from onceflow.storage import Location
@@ -57,8 +59,12 @@ def _files(sink: DeltaTableSink) -> list[tuple[int, int, str]]:
 
 def covered_through(sink: DeltaTableSink) -> int:
     """The highest version H such that every version 0..H has a record kept here (-1: none)."""
+    return _covered(_files(sink))
+
+
+def _covered(files: list[tuple[int, int, str]]) -> int:
     through = -1
-    for lo, hi, _ in _files(sink):
+    for lo, hi, _ in files:
         if lo > through + 1:
             break
         through = max(through, hi)
@@ -103,9 +109,10 @@ def summarize(sink: DeltaTableSink, through: int) -> int:
     Stops at the first entry the log no longer has (cleaned up by another writer before any
     record was kept): the versions past it are left for a later call to fill in as far as
     the log still has them, never skipped over."""
-    start = covered_through(sink) + 1
+    files = _files(sink)
+    covered = _covered(files)
     records: list[Record] = []
-    for version in range(start, through + 1):
+    for version in range(covered + 1, through + 1):
         actions = sink.entry_actions(version)
         if actions is None:
             break
@@ -113,10 +120,11 @@ def summarize(sink: DeltaTableSink, through: int) -> int:
     if records:
         name = f"{records[0].version:020d}-{records[-1].version:020d}.jsonl.gzip"
         (folder(sink) / name).write_bytes(_dump(records))
-    files = _files(sink)
+        files = sorted([*files, (records[0].version, records[-1].version, name)])
+        covered = records[-1].version
     if len(files) > MERGE_AT:
         _merge(sink, files)
-    return covered_through(sink)
+    return covered
 
 
 def _merge(sink: DeltaTableSink, files: list[tuple[int, int, str]]) -> None:
@@ -145,16 +153,7 @@ def _merge(sink: DeltaTableSink, files: list[tuple[int, int, str]]) -> None:
 
 
 def _record(sink: DeltaTableSink, version: int, actions: list[dict[str, Any]]) -> Record:
-    window = next(
-        (
-            int(a["txn"]["version"])
-            for a in actions
-            if "txn" in a and a["txn"].get("appId") == sink.app_id
-        ),
-        None,
-    )
-    info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {}) or {}
-    return Record(version, window, dict(info))
+    return Record(version, window_of(actions, sink.app_id), commit_info(actions))
 
 
 def _dump(records: list[Record]) -> bytes:

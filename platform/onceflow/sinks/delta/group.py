@@ -26,6 +26,7 @@ from onceflow.sinks.base import (
 )
 from onceflow.sinks.delta import _records
 from onceflow.sinks.delta._lineage import commits_after, window_commits, window_history
+from onceflow.sinks.delta._log import commit_info, window_of
 from onceflow.sinks.delta._reconcile import reconcile_delta
 from onceflow.sinks.delta.spec import DeltaSink
 from onceflow.sinks.delta.table import (
@@ -485,9 +486,9 @@ class DeltaGroup(SinkGroup):
             actions = self.table.entry_actions(version)
             if actions is None:
                 return horizon  # gone too: the records cannot vouch for it
-            info = next((a["commitInfo"] for a in actions if "commitInfo" in a), None) or {}
+            info = commit_info(actions)
             first = first or info
-            if any("txn" in a and a["txn"].get("appId") == self.table.app_id for a in actions):
+            if window_of(actions, self.table.app_id) is not None:
                 return min(horizon, _age(info))
         if newest - through > LOG_HORIZON_WALK:
             return min(horizon, _age(first or {}))  # a long run of entries: the oldest counts
