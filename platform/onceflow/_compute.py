@@ -184,9 +184,11 @@ def _parsed(
             [(g, windows[p].window_id, local) for g, p, local in file_map],
             f"__global INT, {WINDOW_COL} BIGINT, __local INT",
         )
+        parsed = parse(raw)
+        if lookup is not None:
+            parsed = parsed.mapInArrow(lookup, lookup.struct(parsed.schema))
         return (
-            parse(raw)
-            .withColumnRenamed("_file_idx", "__global")
+            parsed.withColumnRenamed("_file_idx", "__global")
             .join(F.broadcast(positions), "__global")
             .drop("__global")
             .withColumnRenamed("__local", "_file_idx")
@@ -202,7 +204,11 @@ def _parsed(
             if lookup is not None:
                 # One window read in order by one task: its first occurrences are known
                 # as the rows pass, so the lookup marks the repeats too.
-                in_order = job.parse.keeps_order and source.reads_in_order(settings, w.offsets)
+                in_order = (
+                    len(windows) == 1
+                    and job.parse.keeps_order
+                    and source.reads_in_order(settings, w.offsets)
+                )
                 if in_order:
                     lookup = dataclasses.replace(lookup, in_order=True)
                 fn, schema = _chain(fn, lookup), lookup.ddl(schema)
@@ -356,8 +362,9 @@ def compute(
         windows: The windows, all with their input available.
         seen: Dedupe key columns plus `__seen_in`: keys whose first occurrence is in that
             (earlier or unreplayable) window; later occurrences are duplicates.
-        lookup: For one window: marks the rows whose key an earlier window kept (the key
-            index), which are then duplicates; the kept rows carry the key as KEY_COL.
+        lookup: Marks the rows whose key a window before the lookup's `before` kept (the key
+            index), which are then duplicates; the kept rows carry the key as KEY_COL. Over
+            several windows, repeats among them are found by the first-occurrence sort.
         window_column: Whether the outputs (the transform's and the quarantine output) get
             WINDOW_COL.
         slot: Plan for any one window (in a slot of its own; see `_window_params`): the
@@ -372,8 +379,6 @@ def compute(
     windows = sorted(windows, key=lambda w: w.window_id)
     if not windows:
         raise ConfigurationError(f"job {job.name}: nothing to compute (no windows given).")
-    if lookup is not None and len(windows) != 1:
-        raise ConfigurationError("the dedupe key index looks up one window at a time.")
     if slot is not None and len(windows) != 1:
         raise ConfigurationError("a plan for any window is made from one window.")
     parsed, deduped = _parsed(spark, job, settings, windows, lookup, slot)

@@ -150,11 +150,32 @@ def test_dry_run_reports_exact_damage_and_repair_makes_every_output_exact(
                 " WHERE _window_id = %s)",
                 (wid,),
             )
+        # A balance changed by hand too.
+        conn.execute(
+            "UPDATE merchant_balances SET payment_count = payment_count + 1 WHERE (merchant_id,"
+            " currency) = (SELECT merchant_id, currency FROM merchant_balances ORDER BY 1, 2"
+            " LIMIT 1)"
+        )
         conn.commit()
     incremental = reconcile(engine, dry_run=True, mode="incremental")
     assert incremental.windows_checked == [3]
+    # Only window 3 is read again: its duplicates of windows 1 and 2 found in the key index.
+    assert (incremental.windows_recomputed, incremental.recomputed_after) == (1, 2)
     assert _counts(incremental)["pg_payments"] == (1, 0, 0)  # window 1 was verified before
-    assert _counts(incremental)["pg_merchant_balances"] == (0, 0, 0)  # compared in full
+    # The balances are compared whole, against the state the repair left them in plus window 3.
+    assert _counts(incremental)["pg_merchant_balances"] == (0, 0, 1)
+
+    repaired = reconcile(engine, mode="incremental")
+    assert _counts(repaired)["pg_payments"] == (1, 0, 0)
+    assert _counts(repaired)["pg_merchant_balances"] == (0, 0, 1)
+    assert repaired.windows_recomputed == 1
+    steady = reconcile(engine, dry_run=True, mode="incremental")
+    assert steady.clean and steady.windows_recomputed == 0, format_report(steady)
+    # A full reconcile recomputes every window and finds what incremental left alone.
+    full = reconcile(engine)
+    assert full.windows_recomputed == 3
+    assert _counts(full)["pg_payments"] == (1, 0, 0)
+    _assert_exact(pg_dsn, lake, expected_outputs(landing, windows=[files[:4], files[4:6]]))
 
 
 def test_report_format_lists_every_sink() -> None:

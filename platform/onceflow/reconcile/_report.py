@@ -78,6 +78,9 @@ class ReconcileReport:
             abandoned for those sinks (`onceflow windows abandon`).
         abandoned: (window, sink, reason) of windows an operator abandoned for a sink: a
             known gap there, not replayed and not counted as lacking.
+        windows_recomputed: How many windows' input was read and recomputed.
+        recomputed_after: The windows after this one were recomputed (incremental mode: the
+            lowest point every sink compares from; 0: every window).
     """
 
     job: str
@@ -92,6 +95,8 @@ class ReconcileReport:
     skipped: list[tuple[int, str]] = field(default_factory=list)
     gone: list[int] = field(default_factory=list)
     abandoned: list[tuple[int, str, str]] = field(default_factory=list)
+    windows_recomputed: int = 0
+    recomputed_after: int = 0
 
     @property
     def clean(self) -> bool:
@@ -108,6 +113,8 @@ class ReconcileReport:
             "dry_run": self.dry_run,
             "clean": self.clean,
             "windows_checked": sorted(self.windows_checked),
+            "windows_recomputed": self.windows_recomputed,
+            "recomputed_after": self.recomputed_after,
             "unverifiable": [{"window_id": w, "reason": r} for w, r in self.unverifiable],
             "skipped": [{"window_id": w, "reason": r} for w, r in self.skipped],
             "replayed": self.replayed,
@@ -146,6 +153,8 @@ def format_report(report: ReconcileReport) -> str:
     lines = [
         f"reconcile {report.job} ({report.mode}, {action}) in {report.wall_s:.1f}s",
         f"windows checked: {_ranges(sorted(report.windows_checked))}",
+        f"windows recomputed: {report.windows_recomputed}"
+        + (f" (those after window {report.recomputed_after})" if report.recomputed_after else ""),
     ]
     for sink, ids in report.replayed.items():
         lines.append(f"{sink}: lacked committed windows {_ranges(ids)}; replayed into it")

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 from onceflow._compute import Computed, compute
-from onceflow.errors import ConfigurationError
+from onceflow.errors import ConfigurationError, LedgerError, SinkStateError
 from onceflow.ledger import Window
 from onceflow.sinks.base import ReconcileScope
 
@@ -63,9 +63,13 @@ def reconcile(
     sink whose rows carry no window id (an accumulating sink) is then not checked at all. A
     repair takes a new epoch, so it fences any run of the job, and is atomic per sink.
 
-    Incremental mode compares only rows of windows after each sink's last verified window
-    (`onceflow.reconciliations`); sinks without per-window rows are always compared in full,
-    so the replay always covers every window.
+    Incremental mode compares only what changed since each sink was last verified
+    (`onceflow.reconciliations`), where the sink can (`SinkGroup.reconcile_since`): rows that
+    carry their window, of the windows after it; an accumulating table whole, against the
+    state it was left in then plus the windows after it. Only the windows after the lowest of
+    those points are recomputed, deduplicated against the key index for the windows before.
+    A sink that cannot (no per-window rows, an upsert ordered by a column, a state changed
+    since by a restatement or a replay) is compared in full, and every window is recomputed.
 
     Args:
         engine: The engine of the job to reconcile.
@@ -100,7 +104,15 @@ def reconcile(
         replay = engine.replay_lacking(epoch, run_id)
         replayed, lacking, gone = replay.restored, replay.left, replay.gone
     abandoned = engine.ledger.abandoned_reasons()
-    every = engine.ledger.windows()
+    # Incremental: each sink compares from its verified point, where it can (`since`), and only
+    # the windows after the lowest of them are read and recomputed.
+    verified = _verified_through(engine) if mode == "incremental" else {}
+    since = {
+        s.name: engine.group_of[s.name].reconcile_since(s.name, verified.get(s.name, 0))
+        for s in job.sinks
+    }
+    floor = _floor(engine, min(since.values(), default=0), epoch)
+    every = engine.ledger.windows(since=floor)
     skipped = [(w.window_id, w.skipped) for w in every if w.skipped is not None]
     windows = [w for w in every if w.skipped is None]
     unverifiable: list[tuple[int, str]] = []
@@ -112,17 +124,19 @@ def reconcile(
         else:
             available.append(window)
     bad = frozenset(wid for wid, _ in unverifiable)
-    verified = _verified_through(engine) if mode == "incremental" else {}
     workdir = settings.lake / "_onceflow" / "reconcile" / job.name / uuid.uuid4().hex
     computed: Computed | None = None
     try:
         outputs: dict[str, DataFrame] = {}
         if available:
-            seen = None
+            seen = lookup = None
             if job.dedupe is not None and bad:
                 seen = _seen_in(engine, bad)
+            if job.dedupe is not None and floor:
+                assert engine.index is not None
+                lookup = engine.index.lookup(job.dedupe.key, floor + 1)
             step(f"recomputing {len(available)} window(s)")
-            computed = compute(spark, job, settings, available, seen=seen)
+            computed = compute(spark, job, settings, available, seen=seen, lookup=lookup)
             outputs = computed.outputs
         diffs: list[SinkDiff] = []
         checked: set[int] = set()
@@ -130,7 +144,7 @@ def reconcile(
         ids = tuple(w.window_id for w in windows)
         for sink in job.sinks:
             group = engine.group_of[sink.name]
-            scope = ReconcileScope(bad, verified.get(sink.name, 0), ids)
+            scope = ReconcileScope(bad, since[sink.name], ids)
             step(f"comparing {sink.name}")
             found = group.reconcile(
                 spark, sink.name, outputs.get(sink.output), scope, epoch=epoch, run_id=run_id,
@@ -146,8 +160,10 @@ def reconcile(
             )  # fmt: skip
             checked |= found.compared
             first_bad = min(bad) if bad else None
+            before = since[sink.name] if first_bad is None else min(since[sink.name], first_bad - 1)
             newly_verified[sink.name] = max(
-                (w for w in found.committed if first_bad is None or w < first_bad), default=0
+                (w for w in found.committed if first_bad is None or w < first_bad),
+                default=max(before, 0),
             )
         if epoch is not None:
             _record_verified(engine, newly_verified)
@@ -160,6 +176,8 @@ def reconcile(
         mode=mode,
         dry_run=dry_run,
         windows_checked=sorted(checked),
+        windows_recomputed=len(available),
+        recomputed_after=floor,
         unverifiable=unverifiable,
         sinks=diffs,
         wall_s=time.monotonic() - started,
@@ -179,6 +197,25 @@ def _gone(engine: Engine, lacking: dict[str, list[int]]) -> list[int]:
         for w in engine.ledger.windows()
         if w.window_id in ids and engine.replay_problems(w)
     ]
+
+
+def _floor(engine: Engine, floor: int, epoch: int | None) -> int:
+    """`floor`, or 0 when the keys the windows through it kept cannot be looked up: a job
+    that dedupes recomputes the windows after `floor` against the key index, which must hold
+    exactly the completed windows through it (made so when repairing; a dry run only looks)."""
+    if not floor or engine.job.dedupe is None:
+        return floor
+    if engine.index is None:
+        return 0
+    if epoch is None:
+        state = engine.index.state(floor + 1)
+        return 0 if state.missing or state.stale else floor
+    try:
+        engine.ensure_index(floor + 1, epoch)
+    except (LedgerError, SinkStateError) as exc:
+        _log.warning("job %s: every window is recomputed: %s", engine.job.name, exc)
+        return 0
+    return floor
 
 
 def _seen_in(engine: Engine, windows: frozenset[int]) -> DataFrame | None:

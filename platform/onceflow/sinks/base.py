@@ -236,6 +236,13 @@ class SinkGroup(ABC):
     ) -> SinkReconcile:
         """Diff one sink with `expected` (rows plus `__onceflow_window`); repair if `epoch`."""
 
+    def reconcile_since(self, sink: str, verified: int) -> int:
+        """The window after which an incremental reconcile of a sink verified through
+        `verified` needs the expected rows (`scope.since` is then this): `verified` when the
+        sink's compare of the windows after it needs no earlier window's rows; 0 (every
+        window recomputed) otherwise, the default."""
+        return 0
+
     @abstractmethod
     def check_retention(
         self, oldest_window: datetime | None, *, records_elsewhere: bool = False

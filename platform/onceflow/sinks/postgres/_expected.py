@@ -23,9 +23,11 @@ def expected_rows(
     windows: AbstractSet[int],
     *,
     keep_window: bool,
+    base: DataFrame | None = None,
 ) -> DataFrame:
     """The rows `spec`'s table should hold for `windows`, from `expected` (rows plus
-    `WINDOW_COL`; None: none), cast to the table's columns; `keep_window` keeps `WINDOW_COL`."""
+    `WINDOW_COL`; None: none), cast to the table's columns; `keep_window` keeps `WINDOW_COL`;
+    `base`: an accumulating sink's verified rows, added before every window."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import _parse_datatype_string
 
@@ -36,6 +38,12 @@ def expected_rows(
             WINDOW_COL, F.lit(None).cast("bigint")
         )
     expected = expected.where(F.col(WINDOW_COL).isin(sorted(windows)) if windows else F.lit(False))
+    if base is not None:
+        # An accumulating sink's verified state (`_baseline`), before every window after it.
+        typed = [F.col(f.name).cast(f.dataType) for f in schema.fields]
+        expected = expected.select(*typed, WINDOW_COL).unionByName(
+            base.select(*typed).withColumn(WINDOW_COL, F.lit(0).cast("bigint"))
+        )
     if accumulate:
         others = [c for c in spec.columns if c not in spec.key and c not in spec.accumulate]
         expected = expected.groupBy(*spec.key).agg(

@@ -36,6 +36,7 @@ from onceflow.sinks.base import (
     TableFacts,
     WindowWrite,
 )
+from onceflow.sinks.postgres import _baseline
 from onceflow.sinks.postgres._accumulate import has_contribution
 from onceflow.sinks.postgres._columns import count_rows, create_table, table_problems
 from onceflow.sinks.postgres._expected import expected_rows
@@ -490,7 +491,14 @@ class PostgresGroup(SinkGroup):
         window_col = spec.window_column
         if window_col is None and scope.unverifiable:
             return SinkReconcile(None, "holds rows of unverifiable windows", committed, frozenset())
-        since = scope.since if window_col is not None and not accumulate else 0
+        # An accumulating sink compared from a verified point adds its baseline's rows.
+        base = None
+        if accumulate and scope.since > 0:
+            base = self._read(
+                f"read the verified state of {sink}",
+                lambda conn: _baseline.rows(spark, conn, spec, self.job),
+            )
+        since = scope.since if window_col is not None or base is not None else 0
         compare = frozenset(w for w in committed if w > since and w not in scope.unverifiable)
         # An upsert's later windows overwrite keys of earlier ones, compared or not: its
         # expected rows come from every window it can recompute (`narrow_upsert`).
@@ -500,7 +508,9 @@ class PostgresGroup(SinkGroup):
             if scoped_upsert
             else compare
         )
-        expected = expected_rows(spark, spec, expected, windows, keep_window=scoped_upsert)
+        expected = expected_rows(
+            spark, spec, expected, windows, keep_window=scoped_upsert, base=base
+        )
 
         def compared_rows(expected: DataFrame, actual: DataFrame) -> tuple[DataFrame, DataFrame]:
             if window_col is None:
@@ -529,6 +539,14 @@ class PostgresGroup(SinkGroup):
             epoch=epoch,
             job_filter=self.job,
         )
+        if epoch is not None and _baseline.supported(spec) and not scope.unverifiable:
+            # The table now is what its committed windows add up to: the next incremental
+            # reconcile starts from it.
+            through = max(compare, default=since)
+            self.ctx.ledger.write(
+                f"keep the verified state of {sink}",
+                lambda conn: _baseline.keep(conn, spec, self.job, through, epoch),
+            )
         return SinkReconcile(
             diff,
             None,
@@ -536,6 +554,21 @@ class PostgresGroup(SinkGroup):
             compare if window_col is not None else frozenset(),
             tuple(diff.samples(window_col, keyed=bool(spec.key))),
         )
+
+    def reconcile_since(self, sink: str, verified: int) -> int:
+        spec = self.by_name[sink]
+        if verified <= 0 or sink in self._replaced():
+            return 0
+        if spec.mode == "accumulate":
+            usable = self._read(
+                f"check the verified state of {sink}",
+                lambda conn: _baseline.usable(conn, spec, self.job, verified),
+            )
+            return verified if usable else 0
+        # An upsert's row with the greatest `order_by` may come from any earlier window.
+        if spec.window_column is None or (spec.mode == "upsert" and spec.order_by is not None):
+            return 0
+        return verified
 
     # -- the rest -----------------------------------------------------------------------------
 
