@@ -97,6 +97,20 @@ CREATE TABLE IF NOT EXISTS onceflow.reconciliations (
     verified_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (job, sink)
 );
+-- An accumulating sink's state as a reconcile left it (`onceflow.sinks.postgres._baseline`).
+CREATE TABLE IF NOT EXISTS onceflow.reconcile_baselines (
+    job text NOT NULL,
+    sink text NOT NULL,
+    through bigint NOT NULL,
+    held bigint NOT NULL,
+    held_sum numeric NOT NULL,
+    restated_seq bigint NOT NULL,
+    table_oid oid NOT NULL,
+    keys text[] NOT NULL,
+    amounts numeric[] NOT NULL,
+    taken_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (job, sink)
+);
 """
 
 # The ledger's verified point and the removal notes behind it (`onceflow._ledger_verified`).

@@ -79,6 +79,21 @@ def read(ledger: Ledger) -> tuple[Verified | None, Notes]:
     return Verified(int(through), frozenset(int(w) for w in removed if w is not None)), notes
 
 
+def removed_since(ledger: Ledger, notes: Notes) -> bool:
+    """Whether rows of the job's ledger were removed since `notes` were read (a note that is
+    not among them: its own, or a `TRUNCATE`). A removal that made a read miss a row committed
+    before that read, so a check after the read sees its note."""
+    row = ledger.read(
+        "look for ledger rows removed under the run",
+        lambda conn: conn.execute(
+            "SELECT EXISTS (SELECT 1 FROM onceflow.ledger_removals"
+            " WHERE (job = %s OR job IS NULL) AND NOT (id = ANY(%s)))",
+            (ledger.job, [*notes.ids, *notes.truncations]),
+        ).fetchone(),
+    )
+    return bool(row and row[0])
+
+
 def record(ledger: Ledger, epoch: int, through: int, notes: Notes) -> None:
     """Record that the ledger was checked whole through window `through`, and consume the
     notes read before the checks (notes made meanwhile stay for the next start-up: they are

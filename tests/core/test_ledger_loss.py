@@ -43,6 +43,7 @@ LEDGER_TABLES = (
     "restatements",
     "sink_versions",
     "reconciliations",
+    "reconcile_baselines",
     "abandoned_windows",
     "sink_tables",
     "check_results",

@@ -3,6 +3,7 @@ and committed window by window (and, following, as it lands)."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import uuid
 from collections.abc import Callable
@@ -13,8 +14,10 @@ from onceflow.runs.holds import check_sinks_hold_completed
 from onceflow.runs.restate import planned_restatements, restate
 from onceflow.window.context import JobContext
 from onceflow.window.pipeline import process
-from onceflow.window.plan import plan
+from onceflow.window.plan import LedgerChangedUnderRun, plan
 from onceflow.window.results import RunResult, WindowResult
+
+_log = logging.getLogger(__name__)
 
 
 def run(
@@ -49,24 +52,40 @@ def run(
         if on_window:
             on_window(window_result)
 
-    # The windows' plans (a follow run's too) hold from poll to poll; they go at the end.
-    try:
+    def finish_earlier_work() -> None:
         process(ctx, iter(ctx.ledger.windows(pending_only=True)), epoch, run_id, done)
         # A restatement interrupted by a crash is finished by the next run, with its
         # request's sequence numbers, so each of its windows changes once.
         restate(ctx, planned_restatements(ctx), epoch, run_id)
+
+    # The windows' plans (a follow run's too) hold from poll to poll; they go at the end.
+    try:
+        finish_earlier_work()
         stop = stop or threading.Event()
         planned = 0
         while max_windows is None or planned < max_windows:
-            found = process(
-                ctx,
-                plan(ctx, epoch, max_units_per_window),
-                epoch,
-                run_id,
-                done,
-                stop=stop,
-                limit=None if max_windows is None else max_windows - planned,
-            )
+            try:
+                found = process(
+                    ctx,
+                    plan(ctx, epoch, max_units_per_window),
+                    epoch,
+                    run_id,
+                    done,
+                    stop=stop,
+                    limit=None if max_windows is None else max_windows - planned,
+                )
+            except LedgerChangedUnderRun:
+                # Rows removed under the run (a window's units among them) are put back from
+                # the sinks' records and the windows' plans, as a run's start-up does.
+                _log.warning(
+                    "job %s: rows of the ledger were removed while this run went on; it "
+                    "checks the ledger again (and rebuilds what it can) before it plans more",
+                    ctx.job.name,
+                )
+                epoch = ctx.start(run_id)
+                check_sinks_hold_completed(ctx)
+                finish_earlier_work()  # a window rebuilt from the sinks' records among them
+                continue
             planned += found
             if not follow or stop.is_set() or (max_windows is not None and planned >= max_windows):
                 break

@@ -79,6 +79,8 @@ class JobContext:
         self.index = KeyIndex(dsn, job.name, self.ledger) if job.dedupe is not None else None
         self.plans = Plans()
         self._prepared = False
+        # The ledger's removal notes the last start-up read (`ledger_changed`).
+        self._notes: ledger_verified.Notes | None = None
 
     @property
     def spark(self) -> SparkSession:
@@ -209,4 +211,12 @@ class JobContext:
         check_ledger(self, epoch, verified)
         through = contiguous_through(self.ledger, verified)
         ledger_verified.record(self.ledger, epoch, through, notes)
+        self._notes = notes
         return epoch
+
+    def ledger_changed(self) -> bool:
+        """Whether rows of the ledger were removed since this run's start-up checked it (by
+        hand, a restore, another tool): input they recorded as taken would look new."""
+        if self._notes is None:
+            return False
+        return ledger_verified.removed_since(self.ledger, self._notes)

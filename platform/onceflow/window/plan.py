@@ -18,9 +18,21 @@ def unplanned_units(ctx: JobContext) -> list[str]:
     return ctx.ledger.unplanned(source.discover(ctx.settings, ctx.ledger.last_offsets()))
 
 
+class LedgerChangedUnderRun(Exception):
+    """Rows of the ledger were removed since the run's start-up: nothing was planned, and
+    the run checks the ledger again (`JobContext.start`) before it plans."""
+
+
 def plan(ctx: JobContext, epoch: int, max_units: int | None) -> Iterator[Window]:
-    """Plan windows over unplanned input, yielding each as soon as it is planned."""
+    """Plan windows over unplanned input, yielding each as soon as it is planned.
+
+    Raises:
+        LedgerChangedUnderRun: Before planning anything, when rows of the ledger were removed
+            since start-up: the unit index may have lost input it took, which would look new.
+    """
     units = unplanned_units(ctx)
+    if units and ctx.ledger_changed():
+        raise LedgerChangedUnderRun
     size = max_units or DEFAULT_MAX_UNITS_PER_WINDOW
     for start in range(0, len(units), size):
         chunk = units[start : start + size]

@@ -25,22 +25,6 @@ from onceflow.sinks.postgres.spec import PostgresSink, spark_schema
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-DDL = """
-CREATE TABLE IF NOT EXISTS onceflow.reconcile_baselines (
-    job text NOT NULL,
-    sink text NOT NULL,
-    through bigint NOT NULL,
-    held bigint NOT NULL,
-    held_sum numeric NOT NULL,
-    restated_seq bigint NOT NULL,
-    table_oid oid NOT NULL,
-    keys text[] NOT NULL,
-    amounts numeric[] NOT NULL,
-    taken_at timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (job, sink)
-);
-"""
-
 
 def supported(spec: PostgresSink) -> bool:
     """Whether the sink's rows are its key and accumulated columns only (a column besides
@@ -133,9 +117,6 @@ def keep(conn: psycopg.Connection, spec: PostgresSink, job: str, through: int, e
     """In `conn`'s transaction: keep the table as it is now as the sink's baseline through
     `through`; FencedError if a run took the job over since the reconcile compared it."""
     check_epoch_in(conn, job, epoch)
-    # Concurrent CREATE ... IF NOT EXISTS can still collide on the catalog; serialise.
-    conn.execute("SELECT pg_advisory_xact_lock(hashtext('onceflow.schema'))")
-    conn.execute(DDL)
     conn.execute(
         "DELETE FROM onceflow.reconcile_baselines WHERE job = %s AND sink = %s", (job, spec.name)
     )
