@@ -64,6 +64,7 @@ def read_snapshot(
     where: Location | str,
     *,
     file_column: str | None = None,
+    rows_after: tuple[str, int] | None = None,
 ) -> DataFrame:
     """The rows of `table`'s loaded version, read on the executors.
 
@@ -72,6 +73,8 @@ def read_snapshot(
         table: The table, loaded at the version to read.
         where: The table's location (a string is a local folder), for messages and S3 access.
         file_column: When given, a column of that name holds each row's data file URI.
+        rows_after: (column, value): the files whose statistics show no row with the column
+            null or above the value are left out (the caller filters the rows themselves).
 
     Raises:
         UnsupportedTableError: The table uses a feature a plain Parquet read gets wrong.
@@ -82,6 +85,8 @@ def read_snapshot(
     check_readable(table, location.uri)
     schema = spark_schema(table)
     files = table.file_uris()
+    if rows_after is not None and files:
+        files = _files_after(table, files, *rows_after)
     if not files:
         empty = spark.createDataFrame([], schema)  # type: ignore[arg-type]
         if file_column:
@@ -93,6 +98,28 @@ def read_snapshot(
     if file_column:
         frame = frame.withColumn(file_column, F.col("_metadata.file_path"))
     return frame
+
+
+def _files_after(table: DeltaTable, files: list[str], column: str, value: int) -> list[str]:
+    """`files` but those whose statistics show every row's `column` not null and at most
+    `value` (all of them when the log's file list does not line up with `files`)."""
+    from urllib.parse import unquote
+
+    actions = pa.table(table.get_add_actions(flatten=True))
+    top, nulls = f"max.{column}", f"null_count.{column}"
+    if top not in actions.column_names or nulls not in actions.column_names:
+        return files
+    paths = [unquote(p) for p in actions.column("path").to_pylist()]
+    if len(paths) != len(files) or not all(
+        f.endswith(p) for f, p in zip(files, paths, strict=True)
+    ):
+        return files
+    tops, counts = actions.column(top).to_pylist(), actions.column(nulls).to_pylist()
+    return [
+        f
+        for f, most, nulled in zip(files, tops, counts, strict=True)
+        if most is None or nulled is None or nulled > 0 or most > value
+    ]
 
 
 def read_table(spark: SparkSession, path: Location | str, version: int | None = None) -> DataFrame:

@@ -46,6 +46,7 @@ def reconcile_delta(
     workdir: Location,
     epoch: int | None,
     run_id: str,
+    rows_after: tuple[str, int] | None = None,
 ) -> Diff:
     """Diff the table (keyless: whole rows, counted) with `expected`; repair if `epoch` is set.
 
@@ -58,8 +59,10 @@ def reconcile_delta(
         workdir: A folder for the diff.
         epoch: The reconcile's epoch; None for a dry run.
         run_id: Recorded in the repair commit.
+        rows_after: (column, value): only files that may hold rows `prepare_actual` keeps,
+            those of the column null or above the value, are read (by their statistics).
     """
-    snapshot = read_snapshot(spark, table, sink.path, file_column=_FILE_COL)
+    snapshot = read_snapshot(spark, table, sink.path, file_column=_FILE_COL, rows_after=rows_after)
     columns = [c for c in snapshot.columns if c != _FILE_COL]
     diff = multiset_diff(
         expected.select(*columns),

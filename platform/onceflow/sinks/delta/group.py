@@ -380,6 +380,8 @@ class DeltaGroup(SinkGroup):
             workdir=workdir,
             epoch=epoch,
             run_id=run_id,
+            # A history of windows verified before is not read again.
+            rows_after=(window_col, since) if window_col is not None and since > 0 else None,
         )
         if epoch is not None and window_col is not None and not scope.unverifiable:
             # Its rows now are what every restatement made them: record them as applied.
