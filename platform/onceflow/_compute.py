@@ -154,6 +154,7 @@ def _parsed(
     windows: Sequence[Window],
     lookup: SeenLookup | None,
     slot: int | None = None,
+    in_order_ok: bool = True,
 ) -> tuple[DataFrame, bool]:
     """The windows' parsed rows, and whether the key lookup already marked every repeat
     of a key within the window seen (then no first-occurrence sort is needed)."""
@@ -205,7 +206,8 @@ def _parsed(
                 # One window read in order by one task: its first occurrences are known
                 # as the rows pass, so the lookup marks the repeats too.
                 in_order = (
-                    len(windows) == 1
+                    in_order_ok
+                    and len(windows) == 1
                     and job.parse.keeps_order
                     and source.reads_in_order(settings, w.offsets)
                 )
@@ -381,7 +383,8 @@ def compute(
         raise ConfigurationError(f"job {job.name}: nothing to compute (no windows given).")
     if slot is not None and len(windows) != 1:
         raise ConfigurationError("a plan for any window is made from one window.")
-    parsed, deduped = _parsed(spark, job, settings, windows, lookup, slot)
+    # With `seen` too, the rows are joined with it after the lookup: never marked in order.
+    parsed, deduped = _parsed(spark, job, settings, windows, lookup, slot, seen is None)
     for column in (REASON_COLUMN, RAW_TEXT_COLUMN):
         if column not in parsed.columns:
             parsed = parsed.withColumn(column, F.lit(None).cast("string"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from onceflow.runs.holds import lacking, replay_problems
+from onceflow.runs.holds import completed_unverified, lacking, replay_problems
 from onceflow.window.context import JobContext
 from onceflow.window.pipeline import process_window
 from onceflow.window.results import Replayed
@@ -21,7 +21,8 @@ def replay_lacking(ctx: JobContext, epoch: int, run_id: str) -> Replayed:
     gap, they would hide it. Once the operator abandons the gap for those sinks (`onceflow
     windows abandon`), the next reconcile replays them.
     """
-    windows = {w.window_id: w for w in ctx.ledger.windows()}
+    # Only the completed windows above the sinks' held floor can be lacking (`holds`).
+    windows = {w.window_id: w for w in completed_unverified(ctx)}
     lacks = lacking(ctx, list(windows.values()))
     for group in ctx.groups:
         group.prepare_replay()

@@ -148,6 +148,7 @@ def read_postgres(
     spec: PostgresSink,
     *,
     job_filter: str | None = None,
+    rows_after: tuple[str, int] | None = None,
 ) -> DataFrame:
     """The sink's table as a DataFrame, read by the executors under `conn`'s snapshot.
 
@@ -160,6 +161,8 @@ def read_postgres(
         conn: The driver's open transaction, whose snapshot the executors import.
         spec: The sink.
         job_filter: Only rows whose job column equals this (tables shared by jobs).
+        rows_after: (column, value): only rows whose column is null or above the value (the
+            server filters them: the rows of windows verified before are not sent).
     """
     row = conn.execute("SELECT pg_export_snapshot()").fetchone()
     assert row is not None
@@ -186,6 +189,11 @@ def read_postgres(
         where = sql.SQL("{} AND {} = {}").format(
             where, sql.Identifier(spec.job_column), sql.Literal(job_filter)
         )
+    if rows_after is not None:
+        column, value = rows_after
+        where = sql.SQL("{} AND ({} IS NULL OR {} > {})").format(
+            where, sql.Identifier(column), sql.Identifier(column), sql.Literal(value)
+        )
     query = (
         sql.SQL("SELECT {} FROM {} WHERE {}")
         .format(sql.SQL(", ").join(select), sql.Identifier(spec.schema, spec.table), where)
@@ -209,6 +217,7 @@ def reconcile_postgres(
     workdir: Location,
     epoch: int | None,
     job_filter: str | None = None,
+    rows_after: tuple[str, int] | None = None,
 ) -> Diff:
     """Diff the sink with `expected`; when `epoch` is given, repair it in one transaction.
 
@@ -228,6 +237,8 @@ def reconcile_postgres(
         workdir: A folder for the diff.
         epoch: The reconcile's epoch; None for a dry run.
         job_filter: Only compare rows whose job column is this.
+        rows_after: Only read rows whose column is null or above the value (`read_postgres`):
+            for a `narrow` that keeps no other row.
     """
     unanswered: list[Diff] = []  # a repair whose COMMIT got no answer
     attempts = 0
@@ -241,6 +252,7 @@ def reconcile_postgres(
             diff = _reconcile_once(
                 spark, dsn, ledger, job, spec, expected, narrow=narrow, key=key,
                 workdir=workdir / f"attempt{attempts}", epoch=epoch, job_filter=job_filter,
+                rows_after=rows_after,
             )  # fmt: skip
         except _RepairUnanswered as lost:
             unanswered.append(lost.diff)
@@ -280,6 +292,7 @@ def _reconcile_once(
     workdir: Location,
     epoch: int | None,
     job_filter: str | None,
+    rows_after: tuple[str, int] | None,
 ) -> Diff:
     columns = list(spec.columns)
     target = sql.Identifier(spec.schema, spec.table)
@@ -301,7 +314,8 @@ def _reconcile_once(
         else:
             conn.read_only = True
         expected, actual = narrow(
-            expected, read_postgres(spark, dsn, conn, spec, job_filter=job_filter)
+            expected,
+            read_postgres(spark, dsn, conn, spec, job_filter=job_filter, rows_after=rows_after),
         )
         diff = multiset_diff(expected.select(*columns), actual.select(*columns), columns, key,
                              workdir / f"diff_{spec.name}")  # fmt: skip

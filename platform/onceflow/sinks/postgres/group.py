@@ -538,6 +538,12 @@ class PostgresGroup(SinkGroup):
             workdir=workdir,
             epoch=epoch,
             job_filter=self.job,
+            # Rows of windows verified before are not read, where the compare keeps none.
+            rows_after=(
+                (window_col, since)
+                if window_col is not None and since > 0 and not scoped_upsert and not accumulate
+                else None
+            ),
         )
         if epoch is not None and _baseline.supported(spec) and not scope.unverifiable:
             # The table now is what its committed windows add up to: the next incremental
