@@ -366,6 +366,9 @@ def _reconcile_metadata(report: ReconcileReport | None, config: RecoveryConfig) 
         "reconcile_wall_s": MetadataValue.float(round(float(report.wall_s), 3)),
         "unverifiable": MetadataValue.int(len(report.unverifiable)),
         "windows_reconciled": MetadataValue.int(len(report.windows_checked)),
+        # An incremental reconcile recomputes only the windows after this one (0: all).
+        "windows_recomputed": MetadataValue.int(report.windows_recomputed),
+        "recomputed_after_window": MetadataValue.int(report.recomputed_after),
     }
     for diff in report.sinks:
         metadata[f"{diff.sink}.missing"] = MetadataValue.int(diff.missing)

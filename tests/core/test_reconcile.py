@@ -238,7 +238,7 @@ def test_source_files_lost_alone_is_rebuilt(tmp_path, pg_dsn, lake, landing, spa
 
 def _payment_ids(path: Path) -> set[str]:
     ids = set()
-    for line in path.read_text().splitlines():
+    for line in path.read_bytes().decode("utf-8", "replace").splitlines():
         try:
             ids.add(json.loads(line)["payment_id"])
         except (ValueError, KeyError, TypeError):
