@@ -18,13 +18,17 @@ import pyarrow as pa
 from deltalake import DeltaTable
 from deltalake.transaction import RemoveAction
 
-from onceflow._delta_read import read_snapshot
+from onceflow._delta_read import read_snapshot, spark_schema
 from onceflow._diff import Diff, multiset_diff
+from onceflow.sinks.base import ReconcileScope, SinkReconcile
 from onceflow.sinks.delta.table import DeltaTableSink
 from onceflow.storage import Location
+from onceflow.windows import WINDOW_COL
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+
+    from onceflow.sink_state import SinkState
 
 _FILE_COL = "__onceflow_file"
 
@@ -128,4 +132,73 @@ def _repair(
         epoch=epoch,
         run_id=run_id,
         counts={"missing": diff.missing, "extra": diff.extra},
+    )
+
+
+def reconcile_sink(
+    sink_table: DeltaTableSink,
+    state: SinkState,
+    spark: SparkSession,
+    sink: str,
+    expected: DataFrame | None,
+    scope: ReconcileScope,
+    *,
+    epoch: int | None,
+    run_id: str,
+    workdir: Location,
+) -> SinkReconcile:
+    """`DeltaGroup.reconcile`: compare the table with its expected rows, and repair it (the
+    restatements the table then holds recorded in `state`)."""
+    from pyspark.sql import functions as F
+
+    if not sink_table.exists():
+        return SinkReconcile(None, "the Delta table does not exist yet", frozenset(), frozenset())
+    table = sink_table.table()
+    through = table.transaction_version(sink_table.app_id) or 0
+    committed = frozenset(w for w in scope.windows if w <= through)
+    schema = spark_schema(table)
+    columns = [f.name for f in schema.fields]  # type: ignore[attr-defined]
+    window_col = "_window_id" if "_window_id" in columns else None
+    if window_col is None and scope.unverifiable:
+        return SinkReconcile(None, "holds rows of unverifiable windows", committed, frozenset())
+    since = scope.since if window_col else 0
+    compare = frozenset(w for w in committed if w > since and w not in scope.unverifiable)
+    if expected is None:
+        expected = spark.createDataFrame([], schema).withColumn(  # type: ignore[arg-type]
+            WINDOW_COL, F.lit(None).cast("bigint")
+        )
+    expected = expected.where(
+        F.col(WINDOW_COL).isin(sorted(compare)) if compare else F.lit(False)
+    ).select(*[F.col(f.name).cast(f.dataType) for f in schema.fields])  # type: ignore[attr-defined]
+
+    def prepare_actual(actual: DataFrame) -> DataFrame:
+        if window_col is None:
+            return actual
+        column = F.col(window_col)
+        keep = column > since
+        if scope.unverifiable:
+            keep = keep & ~column.isin(sorted(scope.unverifiable))
+        return actual.where(column.isNull() | keep)
+
+    diff = reconcile_delta(
+        spark,
+        sink_table,
+        table,
+        expected,
+        prepare_actual=prepare_actual,
+        workdir=workdir,
+        epoch=epoch,
+        run_id=run_id,
+        # A history of windows verified before is not read again.
+        rows_after=(window_col, since) if window_col is not None and since > 0 else None,
+    )
+    if epoch is not None and window_col is not None and not scope.unverifiable:
+        # Its rows now are what every restatement made them: record them as applied.
+        sink_table.record_restated(state.restated_through(), epoch)
+    return SinkReconcile(
+        diff,
+        None,
+        committed,
+        compare if window_col else frozenset(),
+        tuple(diff.samples(window_col, keyed=False)),
     )

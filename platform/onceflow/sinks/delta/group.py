@@ -9,7 +9,7 @@ from contextlib import AbstractContextManager
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
-from onceflow._delta_read import read_snapshot, spark_schema
+from onceflow._delta_read import read_snapshot
 from onceflow.errors import ConfigurationError, SinkError
 from onceflow.sink_state import Expected, SinkState
 from onceflow.sinks.base import (
@@ -27,7 +27,7 @@ from onceflow.sinks.base import (
 from onceflow.sinks.delta import _records
 from onceflow.sinks.delta._lineage import commits_after, window_commits, window_history
 from onceflow.sinks.delta._log import commit_info, window_of
-from onceflow.sinks.delta._reconcile import reconcile_delta
+from onceflow.sinks.delta._reconcile import reconcile_sink
 from onceflow.sinks.delta.spec import DeltaSink
 from onceflow.sinks.delta.table import (
     META_PREFIX,
@@ -37,7 +37,7 @@ from onceflow.sinks.delta.table import (
 )
 from onceflow.sinks.writers import spark_schema_to_arrow
 from onceflow.storage import Location
-from onceflow.windows import WINDOW_COL, parse_interval
+from onceflow.windows import parse_interval
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -338,61 +338,10 @@ class DeltaGroup(SinkGroup):
         run_id: str,
         workdir: Location,
     ) -> SinkReconcile:
-        from pyspark.sql import functions as F
-
-        if not self.table.exists():
-            return SinkReconcile(
-                None, "the Delta table does not exist yet", frozenset(), frozenset()
-            )
-        table = self.table.table()
-        through = table.transaction_version(self.table.app_id) or 0
-        committed = frozenset(w for w in scope.windows if w <= through)
-        schema = spark_schema(table)
-        columns = [f.name for f in schema.fields]  # type: ignore[attr-defined]
-        window_col = "_window_id" if "_window_id" in columns else None
-        if window_col is None and scope.unverifiable:
-            return SinkReconcile(None, "holds rows of unverifiable windows", committed, frozenset())
-        since = scope.since if window_col else 0
-        compare = frozenset(w for w in committed if w > since and w not in scope.unverifiable)
-        if expected is None:
-            expected = spark.createDataFrame([], schema).withColumn(  # type: ignore[arg-type]
-                WINDOW_COL, F.lit(None).cast("bigint")
-            )
-        expected = expected.where(
-            F.col(WINDOW_COL).isin(sorted(compare)) if compare else F.lit(False)
-        ).select(*[F.col(f.name).cast(f.dataType) for f in schema.fields])  # type: ignore[attr-defined]
-
-        def prepare_actual(actual: DataFrame) -> DataFrame:
-            if window_col is None:
-                return actual
-            column = F.col(window_col)
-            keep = column > since
-            if scope.unverifiable:
-                keep = keep & ~column.isin(sorted(scope.unverifiable))
-            return actual.where(column.isNull() | keep)
-
-        diff = reconcile_delta(
-            spark,
-            self.table,
-            table,
-            expected,
-            prepare_actual=prepare_actual,
-            workdir=workdir,
-            epoch=epoch,
-            run_id=run_id,
-            # A history of windows verified before is not read again.
-            rows_after=(window_col, since) if window_col is not None and since > 0 else None,
-        )
-        if epoch is not None and window_col is not None and not scope.unverifiable:
-            # Its rows now are what every restatement made them: record them as applied.
-            self.table.record_restated(self.state.restated_through(), epoch)
-        return SinkReconcile(
-            diff,
-            None,
-            committed,
-            compare if window_col else frozenset(),
-            tuple(diff.samples(window_col, keyed=False)),
-        )
+        return reconcile_sink(
+            self.table, self.state, spark, sink, expected, scope,
+            epoch=epoch, run_id=run_id, workdir=workdir,
+        )  # fmt: skip
 
     def unrecorded(self, known: KnownWindows) -> str | None:
         """Why the table's log may not name windows it holds beyond `known` (None if it does).

@@ -32,14 +32,13 @@ from onceflow.errors import CommitUnknownError, SinkError, TransientSinkError
 from onceflow.postgres import connect, is_lost_connection, retrying
 from onceflow.sinks.postgres.spec import PostgresSink, arrow_type, spark_schema
 from onceflow.storage import Location
-from onceflow.windows import WINDOW_COL
 
 if TYPE_CHECKING:
     from onceflow.ledger import Ledger
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
 _log = logging.getLogger(__name__)
 
@@ -528,65 +527,6 @@ def _offending_keys(
         return []
     rows = conn.execute(query).fetchall()
     return [", ".join(f"{c}={v}" for c, v in zip(spec.key, r, strict=True)) for r in rows]
-
-
-def narrow_upsert(
-    key: Sequence[str],
-    window_column: str,
-    since: int,
-    unverifiable: frozenset[int],
-    order_by: str | None = None,
-) -> Narrow:
-    """Narrow an upsert sink's comparison the way the run applies it: the last window's row
-    per key wins (with `order_by`, the greatest value of that column, then the last window),
-    also over windows this reconcile does not compare. "Newer" below is in that order.
-
-    `expected` holds the latest row per key of every verifiable window the sink holds, with
-    its window in `WINDOW_COL`. A held row of a window left alone (its input gone, or verified
-    before in incremental mode) is *outside*. Then, per key:
-
-    - an outside row at least as new as the expected row stands: neither side is compared
-      (a later window whose input is gone overwrote the key);
-    - an outside row older than the expected row is compared with it (a later window should
-      have overwritten it): the repair replaces it;
-    - otherwise rows are compared as they are, an expected row of a window verified before
-      only where the sink holds a compared row for its key.
-    """
-    keys = list(key)
-
-    def narrow(expected: DataFrame, actual: DataFrame) -> tuple[DataFrame, DataFrame]:
-        from pyspark.sql import functions as F
-
-        held = F.col(window_column)
-
-        def newness(window: Column) -> Column:
-            if order_by is None:
-                return window
-            # A null `order_by` is the least (the first field orders it before any value).
-            return F.struct(F.col(order_by).isNotNull(), F.col(order_by), window)
-
-        outside = held.isNotNull() & (held <= since)
-        if unverifiable:
-            outside = outside | held.isin(sorted(unverifiable))
-        marked = actual.withColumn("__outside", outside)
-        newest_outside = (
-            marked.where("__outside").groupBy(*keys).agg(F.max(newness(held)).alias("__wo"))
-        )
-        inside_keys = (
-            marked.where(~F.col("__outside")).select(*keys).distinct()
-            .withColumn("__in", F.lit(True))
-        )  # fmt: skip
-        we, wo = F.col(WINDOW_COL), F.col("__wo")
-        joined = expected.join(newest_outside, keys, "left").join(inside_keys, keys, "left")
-        newer = newness(we) > wo
-        kept = joined.where(F.col("__in").isNotNull() | ((wo.isNull() | newer) & (we > since)))
-        replaced = kept.where(wo.isNotNull()).select(*keys)
-        compared = marked.where(~F.col("__outside")).unionByName(
-            marked.where("__outside").join(replaced, keys, "left_semi")
-        )
-        return kept.drop("__wo", "__in"), compared.drop("__outside")
-
-    return narrow
 
 
 def _staging_names(job: str, spec: PostgresSink, epoch: int | None, attempt: int) -> list[str]:

@@ -36,13 +36,11 @@ from onceflow.sinks.base import (
     TableFacts,
     WindowWrite,
 )
-from onceflow.sinks.postgres import _baseline
+from onceflow.sinks.postgres import _compare
 from onceflow.sinks.postgres._accumulate import has_contribution
 from onceflow.sinks.postgres._columns import count_rows, create_table, table_problems
-from onceflow.sinks.postgres._expected import expected_rows
 from onceflow.sinks.postgres._markers import PROTOCOL_DDL, marker_xids
 from onceflow.sinks.postgres._quality import quality_targets
-from onceflow.sinks.postgres._reconcile import narrow_upsert, reconcile_postgres
 from onceflow.sinks.postgres.commit import Applied, Staged, Transaction
 from onceflow.sinks.postgres.spec import PostgresSink
 from onceflow.sinks.writers import rows_written
@@ -483,98 +481,17 @@ class PostgresGroup(SinkGroup):
         run_id: str,
         workdir: Location,
     ) -> SinkReconcile:
-        from pyspark.sql import functions as F
-
-        spec = self.by_name[sink]
-        committed = frozenset(self.held(scope.windows)[sink])
-        accumulate = spec.mode == "accumulate"
-        window_col = spec.window_column
-        if window_col is None and scope.unverifiable:
-            return SinkReconcile(None, "holds rows of unverifiable windows", committed, frozenset())
-        # An accumulating sink compared from a verified point adds its baseline's rows.
-        base = None
-        if accumulate and scope.since > 0:
-            base = self._read(
-                f"read the verified state of {sink}",
-                lambda conn: _baseline.rows(spark, conn, spec, self.job),
-            )
-        since = scope.since if window_col is not None or base is not None else 0
-        compare = frozenset(w for w in committed if w > since and w not in scope.unverifiable)
-        # An upsert's later windows overwrite keys of earlier ones, compared or not: its
-        # expected rows come from every window it can recompute (`narrow_upsert`).
-        scoped_upsert = spec.mode == "upsert" and window_col is not None
-        windows = (
-            frozenset(w for w in committed if w not in scope.unverifiable)
-            if scoped_upsert
-            else compare
-        )
-        expected = expected_rows(
-            spark, spec, expected, windows, keep_window=scoped_upsert, base=base
-        )
-
-        def compared_rows(expected: DataFrame, actual: DataFrame) -> tuple[DataFrame, DataFrame]:
-            if window_col is None:
-                return expected, actual
-            column = F.col(window_col)
-            keep = column > since
-            if scope.unverifiable:
-                keep = keep & ~column.isin(sorted(scope.unverifiable))
-            return expected, actual.where(column.isNull() | keep)
-
-        narrow = (
-            narrow_upsert(spec.key, window_col, since, scope.unverifiable, spec.order_by)
-            if scoped_upsert and window_col is not None
-            else compared_rows
-        )
-        diff = reconcile_postgres(
-            spark,
-            self.ctx.dsn,
-            self.ctx.ledger,
-            self.job,
-            spec,
-            expected,
-            narrow=narrow,
-            key=spec.key,
-            workdir=workdir,
-            epoch=epoch,
-            job_filter=self.job,
-            # Rows of windows verified before are not read, where the compare keeps none.
-            rows_after=(
-                (window_col, since)
-                if window_col is not None and since > 0 and not scoped_upsert and not accumulate
-                else None
-            ),
-        )
-        if epoch is not None and _baseline.supported(spec) and not scope.unverifiable:
-            # The table now is what its committed windows add up to: the next incremental
-            # reconcile starts from it.
-            through = max(compare, default=since)
-            self.ctx.ledger.write(
-                f"keep the verified state of {sink}",
-                lambda conn: _baseline.keep(conn, spec, self.job, through, epoch),
-            )
-        return SinkReconcile(
-            diff,
-            None,
-            committed,
-            compare if window_col is not None else frozenset(),
-            tuple(diff.samples(window_col, keyed=bool(spec.key))),
-        )
+        return _compare.reconcile_sink(
+            spark, self.by_name[sink], expected, scope,
+            committed=frozenset(self.held(scope.windows)[sink]), ctx=self.ctx, read=self._read,
+            epoch=epoch, run_id=run_id, workdir=workdir,
+        )  # fmt: skip
 
     def reconcile_since(self, sink: str, verified: int) -> int:
-        spec = self.by_name[sink]
-        if verified <= 0 or sink in self._replaced():
-            return 0
-        if spec.mode == "accumulate":
-            usable = self._read(
-                f"check the verified state of {sink}",
-                lambda conn: _baseline.usable(conn, spec, self.job, verified),
-            )
-            return verified if usable else 0
-        # An upsert's row with the greatest `order_by` may come from any earlier window.
-        if spec.window_column is None or (spec.mode == "upsert" and spec.order_by is not None):
-            return 0
-        return verified
+        return _compare.reconcile_since(
+            self.by_name[sink], self.job, verified,
+            replaced=sink in self._replaced(), read=self._read,
+        )  # fmt: skip
 
     # -- the rest -----------------------------------------------------------------------------
 
