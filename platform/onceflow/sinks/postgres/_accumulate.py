@@ -213,12 +213,13 @@ def _accumulate_upsert(
     return written, inserted - deleted
 
 
-def contribution(spec: PostgresSink, job: str, window_id: int) -> sql.Composable:
-    """The recorded contribution of a window to an accumulating sink, as a relation: the key
-    columns (as the table's types) and the summed amounts (numeric), one row per key."""
-    where = sql.SQL("c.job = {} AND c.sink = {} AND c.window_id = {}").format(
-        sql.Literal(job), sql.Literal(spec.name), sql.Literal(window_id)
-    )
+def array_rows(
+    spec: PostgresSink, alias: str, *, typed_amounts: bool = False
+) -> tuple[sql.Composable, sql.Composable]:
+    """The rows of a record holding one array per key column (`keys`) and per accumulated
+    column (`amounts`), as a window's contribution or a reconcile's kept state does: the
+    select list (the key columns cast back to their types, the amounts as numeric or, with
+    `typed_amounts`, as their columns' types) and the `unnest(...) AS u(...)` to read it from."""
     # Keys were stored as text that casts back exactly (`_key_text`).
     typed = [
         sql.SQL("{}::{} AS {}").format(
@@ -227,17 +228,41 @@ def contribution(spec: PostgresSink, job: str, window_id: int) -> sql.Composable
         for i, k in enumerate(spec.key)
     ]
     typed += [
-        sql.SQL("{} AS {}").format(sql.Identifier(f"a{i}"), sql.Identifier(a))
+        sql.SQL("{}{} AS {}").format(
+            sql.Identifier(f"a{i}"),
+            sql.SQL("::" + spec.columns[a]) if typed_amounts else sql.SQL(""),
+            sql.Identifier(a),
+        )
         for i, a in enumerate(spec.accumulate)
     ]
     # `keys[c:c]` is column c's values in key order; unnest zips the columns back into rows.
-    slices = [sql.SQL("c.keys[{0}:{0}]").format(sql.Literal(i + 1)) for i in range(len(spec.key))]
+    slices = [
+        sql.SQL("{}.keys[{}:{}]").format(
+            sql.Identifier(alias), sql.Literal(i + 1), sql.Literal(i + 1)
+        )
+        for i in range(len(spec.key))
+    ]
     slices += [
-        sql.SQL("c.amounts[{0}:{0}]").format(sql.Literal(i + 1))
+        sql.SQL("{}.amounts[{}:{}]").format(
+            sql.Identifier(alias), sql.Literal(i + 1), sql.Literal(i + 1)
+        )
         for i in range(len(spec.accumulate))
     ]
     names = [sql.Identifier(f"k{i}") for i in range(len(spec.key))]
     names += [sql.Identifier(f"a{i}") for i in range(len(spec.accumulate))]
+    unnest = sql.SQL("unnest({}) AS u({})").format(
+        sql.SQL(", ").join(slices), sql.SQL(", ").join(names)
+    )
+    return sql.SQL(", ").join(typed), unnest
+
+
+def contribution(spec: PostgresSink, job: str, window_id: int) -> sql.Composable:
+    """The recorded contribution of a window to an accumulating sink, as a relation: the key
+    columns (as the table's types) and the summed amounts (numeric), one row per key."""
+    where = sql.SQL("c.job = {} AND c.sink = {} AND c.window_id = {}").format(
+        sql.Literal(job), sql.Literal(spec.name), sql.Literal(window_id)
+    )
+    typed, unnest = array_rows(spec, "c")
     legacy = [
         sql.SQL("(c.key ->> {})::{} AS {}").format(
             sql.Literal(i), sql.SQL(spec.columns[k]), sql.Identifier(k)
@@ -249,13 +274,11 @@ def contribution(spec: PostgresSink, job: str, window_id: int) -> sql.Composable
         for i, a in enumerate(spec.accumulate)
     ]
     return sql.SQL(
-        "(SELECT {typed} FROM onceflow.window_contributions AS c, unnest({slices}) AS u({names})"
-        " WHERE {where}"
+        "(SELECT {typed} FROM onceflow.window_contributions AS c, {unnest} WHERE {where}"
         " UNION ALL SELECT {legacy} FROM onceflow.contributions AS c WHERE {where})"
     ).format(
-        typed=sql.SQL(", ").join(typed),
-        slices=sql.SQL(", ").join(slices),
-        names=sql.SQL(", ").join(names),
+        typed=typed,
+        unnest=unnest,
         where=where,
         legacy=sql.SQL(", ").join(legacy),
     )

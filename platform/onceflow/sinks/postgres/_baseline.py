@@ -19,7 +19,7 @@ import psycopg
 from psycopg import sql
 
 from onceflow._pgcopy import check_epoch_in
-from onceflow.sinks.postgres._accumulate import _key_text, target_table
+from onceflow.sinks.postgres._accumulate import _key_text, array_rows, target_table
 from onceflow.sinks.postgres.spec import PostgresSink, spark_schema
 
 if TYPE_CHECKING:
@@ -84,26 +84,11 @@ def rows(spark: SparkSession, conn: psycopg.Connection, spec: PostgresSink, job:
     """The baseline's rows, typed as the table's columns (keys cast back from their text)."""
     from pyspark.sql.types import _parse_datatype_string
 
-    typed = [
-        sql.SQL("{}::{}").format(sql.Identifier(f"k{i}"), sql.SQL(spec.columns[k]))
-        for i, k in enumerate(spec.key)
-    ]
-    typed += [
-        sql.SQL("{}::{}").format(sql.Identifier(f"a{i}"), sql.SQL(spec.columns[a]))
-        for i, a in enumerate(spec.accumulate)
-    ]
-    slices = [sql.SQL("b.keys[{0}:{0}]").format(sql.Literal(i + 1)) for i in range(len(spec.key))]
-    slices += [
-        sql.SQL("b.amounts[{0}:{0}]").format(sql.Literal(i + 1))
-        for i in range(len(spec.accumulate))
-    ]
-    names = [sql.Identifier(f"k{i}") for i in range(len(spec.key))]
-    names += [sql.Identifier(f"a{i}") for i in range(len(spec.accumulate))]
+    typed, unnest = array_rows(spec, "b", typed_amounts=True)
     found = conn.execute(
         sql.SQL(
-            "SELECT {} FROM onceflow.reconcile_baselines b, unnest({}) AS u({})"
-            " WHERE b.job = %s AND b.sink = %s"
-        ).format(sql.SQL(", ").join(typed), sql.SQL(", ").join(slices), sql.SQL(", ").join(names)),
+            "SELECT {} FROM onceflow.reconcile_baselines b, {} WHERE b.job = %s AND b.sink = %s"
+        ).format(typed, unnest),
         (job, spec.name),
     ).fetchall()
     order = [*spec.key, *spec.accumulate]
