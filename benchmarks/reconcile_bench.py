@@ -26,7 +26,6 @@ import statistics
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -37,6 +36,7 @@ import pyarrow.parquet as pq
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "platform"))
 
 from deltalake import DeltaTable
+from maintain_bench import _database  # a database of its own for each history
 from pyspark.sql import DataFrame, SparkSession
 
 from onceflow import DeltaSink, Job, ParquetSource, Settings, ops
@@ -63,15 +63,6 @@ JOB = Job(
     dedupe=Dedupe(key=("event_id",), state_sink=SINK),
     deterministic=True,
 )
-
-
-def _database(server: str) -> str:
-    name = f"r_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(server, autocommit=True) as conn:
-        conn.execute(psycopg.sql.SQL("CREATE DATABASE {}").format(psycopg.sql.Identifier(name)))
-    info = psycopg.conninfo.conninfo_to_dict(server)
-    info["dbname"] = name
-    return psycopg.conninfo.make_conninfo(**info)
 
 
 def _rows(wid: int) -> pa.Table:
