@@ -41,7 +41,7 @@ from assets.catalog import (
 from assets.checks import CHECK_NAME, build_freshness_checks, build_quality_checks
 from assets.config import RecoveryConfig, WindowRunConfig, delivery
 from assets.follow import build_follow_job
-from assets.maintenance import build_maintenance, needs_maintenance
+from assets.maintenance import build_maintenance
 from assets.runs import (
     TRANSIENT_RETRY_POLICY,
     at_boundary,
@@ -141,7 +141,7 @@ def build_job_assets(
         assets=[*(spec.key for spec in sinks.specs), recovery.key],
     )
     trigger = follow_job if delivery() == "follow" else run_job
-    upkeep = [build_maintenance(job)] if needs_maintenance(job) else []
+    upkeep = [build_maintenance(job)]
     return JobDefs(
         assets=[a for a in (source, sinks, recovery) if a is not None],
         checks=[

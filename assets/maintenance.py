@@ -1,9 +1,10 @@
-"""A job's table maintenance in Dagster: an op job and its schedule (`onceflow maintain`).
+"""A job's maintenance in Dagster: an op job and its schedule (`onceflow maintain`).
 
 Each run compacts, checkpoints, vacuums and cleans the log of the job's Delta sinks only past
 the horizon onceflow computes, and reports on each sink asset (an observation: maintenance
 changes no data) the files and bytes before and after, the versions checkpointed, the files
-removed and which downstream job held files back.
+removed and which downstream job held files back; then drops the ledger's per-window detail
+past the job's detail horizon (every job has some), reported on the op's output.
 """
 
 from __future__ import annotations
@@ -31,11 +32,6 @@ from sensors.failure import KIND_TAG
 
 # Daily, at a quiet hour: small files of a day's windows compacted, the log checkpointed.
 MAINTENANCE_CRON = "30 3 * * *"
-
-
-def needs_maintenance(spec: Job) -> bool:
-    """Whether the job has a sink in the lake (a table whose files and log grow)."""
-    return any(sink.lake_table is not None for sink in spec.sinks)
 
 
 def table_metadata(table: Any) -> dict[str, Any]:
@@ -66,7 +62,8 @@ def build_maintenance(spec: Job, *, cron: str = MAINTENANCE_CRON) -> tuple[Any, 
     @op(
         name=f"{spec.name}_maintain",
         description=f"Compacts, checkpoints and vacuums {spec.name}'s Delta sinks past the "
-        "horizon its downstream jobs, restatements and retention set.",
+        "horizon its downstream jobs, restatements and retention set, and drops the ledger's "
+        "per-window detail past its detail horizon.",
     )
     @typed
     def _maintain(
@@ -85,7 +82,15 @@ def build_maintenance(spec: Job, *, cron: str = MAINTENANCE_CRON) -> tuple[Any, 
                 yield AssetObservation(
                     asset_key=AssetKey(table.sink), metadata=table_metadata(table)
                 )
-            yield Output(len(result.tables))
+            detail = result.detail
+            yield Output(
+                len(result.tables),
+                metadata={
+                    "ledger_detail_through_window": MetadataValue.int(detail.through),
+                    "lineage_rows_dropped": MetadataValue.int(detail.lineage_rows),
+                    "contribution_rows_dropped": MetadataValue.int(detail.contribution_rows),
+                },
+            )
 
         yield from iter_at_boundary(events(), context)
 
@@ -94,7 +99,7 @@ def build_maintenance(spec: Job, *, cron: str = MAINTENANCE_CRON) -> tuple[Any, 
     @job(
         name=f"{spec.name}_maintenance_job",
         tags={KIND_TAG: "maintenance", "onceflow/maintains": spec.name},
-        description=f"Table maintenance of {spec.name} (`onceflow maintain {spec.name}`).",
+        description=f"Maintenance of {spec.name} (`onceflow maintain {spec.name}`).",
     )
     def _job() -> None:
         _maintain()
@@ -105,6 +110,6 @@ def build_maintenance(spec: Job, *, cron: str = MAINTENANCE_CRON) -> tuple[Any, 
         cron_schedule=cron,
         default_status=DefaultScheduleStatus.RUNNING,
         tags={"onceflow/trigger": "schedule"},
-        description=f"Daily table maintenance of {spec.name}.",
+        description=f"Daily maintenance of {spec.name}.",
     )
     return _job, schedule

@@ -89,12 +89,13 @@ def build_history(settings: Settings, dsn: str, windows: int) -> None:
     epoch = ledger.acquire_epoch("bench-build")
     with psycopg.connect(dsn) as conn:
         conn.execute(
-            "INSERT INTO onceflow.windows (job, window_id, offsets, epoch, completed_at)"
+            "INSERT INTO onceflow.windows (job, window_id, offsets, epoch, completed_at, stats)"
             " SELECT %s, i, jsonb_build_object('files', jsonb_build_array("
             "   'events/f' || lpad(i::text, 8, '0') || '.parquet'),"
             "   'sizes', jsonb_build_array((%s::bigint[])[i]), 'mtimes', jsonb_build_array(0)),"
-            " %s, now() FROM generate_series(1, %s) AS i",
-            (JOB.name, sizes, epoch, windows),
+            " %s, now(), jsonb_build_object('outputs', jsonb_build_object('out', %s::bigint))"
+            " FROM generate_series(1, %s) AS i",
+            (JOB.name, sizes, epoch, ROWS, windows),
         )
         conn.execute(
             "INSERT INTO onceflow.source_units (job, unit, window_id)"
@@ -179,6 +180,7 @@ def bench(
     repeat: int,
     full: bool,
     maintained: bool = False,
+    quality: bool = False,
 ) -> dict[str, float]:
     root = work / f"h{windows}"
     settings = Settings(
@@ -215,6 +217,22 @@ def bench(
         assert report.clean and report.windows_recomputed == 1, format_report(report)
         times.append(report.wall_s)
     out["incremental_s"] = statistics.median(times)
+    if quality:
+        # The job's quality suites on the same history: the whole table's aggregate on Spark
+        # (it grows with the table's rows) and everything else (the ledger's expected counts,
+        # the snapshot, GE), which must not grow with the window count.
+        walls, sparks = [], []
+        for _ in range(repeat):
+            started = time.perf_counter()
+            checked = ops.validate(JOB, settings, spark=spark, dsn=dsn)
+            walls.append(time.perf_counter() - started)
+            assert checked.passed, [r for r in checked.report.results if not r.passed]
+            sparks.append(sum(v for k, v in checked.report.timings.items() if k.endswith(":spark")))
+        out["validate_s"] = statistics.median(walls)
+        out["validate_spark_s"] = statistics.median(sparks)
+        out["validate_rest_s"] = statistics.median(
+            w - s for w, s in zip(walls, sparks, strict=True)
+        )
     if full:
         report = reconcile(engine)
         assert report.clean and report.windows_recomputed == windows, format_report(report)
@@ -234,6 +252,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="run `onceflow maintain` on each history before timing (the scheduled steady state)",
     )
+    parser.add_argument(
+        "--quality",
+        action="store_true",
+        help="also time the job's quality suites (validate) on each history",
+    )
     args = parser.parse_args(argv)
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
     import pgserver
@@ -250,7 +273,14 @@ def main(argv: list[str] | None = None) -> int:
         results = {}
         for size in [int(s) for s in args.sizes.split(",") if s]:
             results[size] = bench(
-                server, work, spark, size, args.repeat, size <= args.full_max, args.maintained
+                server,
+                work,
+                spark,
+                size,
+                args.repeat,
+                size <= args.full_max,
+                args.maintained,
+                args.quality,
             )
             print(size, {k: round(v, 3) for k, v in results[size].items()}, flush=True)
         base = results[min(results)]
@@ -261,6 +291,14 @@ def main(argv: list[str] | None = None) -> int:
                 f"{size:>8} {r['build_s']:>7.1f}s {r['incremental_s']:>11.2f}s "
                 f"{r['incremental_s'] / base['incremental_s']:>5.2f}x {full:>8}"
             )
+        if args.quality:
+            print(f"\n{'windows':>8} {'validate':>9} {'spark':>7} {'rest':>7} {'rest ratio':>10}")
+            for size, r in results.items():
+                print(
+                    f"{size:>8} {r['validate_s']:>8.2f}s {r['validate_spark_s']:>6.2f}s "
+                    f"{r['validate_rest_s']:>6.2f}s "
+                    f"{r['validate_rest_s'] / base['validate_rest_s']:>9.2f}x"
+                )
     finally:
         import shutil
 

@@ -25,6 +25,7 @@ POINTS = (
     "after_commits",  # every sink committed, ledger not yet told
     "restated",  # a window restated in every sink, the ledger not yet told
     "repair_staged",  # reconcile copied a sink's repair rows into staging, not yet applied
+    "prune_locked",  # maintenance holds the job's row, its detail horizon read, nothing dropped
 )
 ACTIONS = ("kill", "stop")
 

@@ -44,6 +44,7 @@ LEDGER_TABLES = (
     "sink_versions",
     "reconciliations",
     "reconcile_baselines",
+    "detail_pruned",
     "abandoned_windows",
     "sink_tables",
     "check_results",

@@ -65,7 +65,8 @@ def test_jobs_tags_sensors_schedule_checks() -> None:
     assert {s.name for s in repo.schedule_defs} == {
         "payments_reconcile_schedule",
         "daily_totals_reconcile_schedule",
-        "payments_maintenance_schedule",  # daily_totals has no Delta sink to maintain
+        "payments_maintenance_schedule",
+        "daily_totals_maintenance_schedule",  # its ledger detail, though it has no Delta sink
     }
     checks = {(k.asset_key.to_user_string(), k.name) for k in repo.asset_graph.asset_check_keys}
     assert {(s, "quality") for s in SINKS} <= checks

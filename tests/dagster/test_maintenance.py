@@ -15,15 +15,17 @@ from resources import OnceflowSettingsResource, PostgresResource
 from tests.core.test_maintain import UP, _commit_window, _short_retention
 
 
-def test_every_job_with_a_delta_sink_gets_a_daily_maintenance_schedule() -> None:
+def test_every_job_gets_a_daily_maintenance_schedule() -> None:
     payments = build_job_assets(get_job("payments"))
     assert "payments_maintenance_job" in [j.name for j in payments.jobs]
     (schedule,) = [s for s in payments.schedules if s.name == "payments_maintenance_schedule"]
     assert schedule.default_status == DefaultScheduleStatus.RUNNING
     assert schedule.cron_schedule == "30 3 * * *"
-    # daily_totals writes PostgreSQL only: nothing to maintain.
+    # daily_totals writes PostgreSQL only: its ledger detail is what it maintains.
     totals = build_job_assets(get_job("daily_totals"))
-    assert not [s for s in totals.schedules if "maintenance" in s.name]
+    assert [s.name for s in totals.schedules if "maintenance" in s.name] == [
+        "daily_totals_maintenance_schedule"
+    ]
 
 
 def test_the_maintenance_job_reports_on_each_sink_asset(

@@ -1,5 +1,5 @@
-"""The project's jobs as Airflow DAGs: each job onceflow finds gets `<job>`, `<job>_reconcile`
-and `<job>_restate` (onceflow_airflow.dags.build_job_dags)."""
+"""The project's jobs as Airflow DAGs: each job onceflow finds gets `<job>`, `<job>_reconcile`,
+`<job>_restate` and `<job>_maintain` (onceflow_airflow.dags.build_job_dags)."""
 
 from __future__ import annotations
 

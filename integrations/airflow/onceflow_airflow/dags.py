@@ -1,4 +1,4 @@
-"""`build_job_dags(job)`: a job's three DAGs from one line in a DAG file, the counterpart of
+"""`build_job_dags(job)`: a job's four DAGs from one line in a DAG file, the counterpart of
 the Dagster factory (assets/factory.py).
 
 - `<job>`: new input (a deferrable sensor; for a job reading another job's Delta table, that
@@ -7,6 +7,7 @@ the Dagster factory (assets/factory.py).
 - `<job>_reconcile`: every sink diffed and repaired, on a schedule.
 - `<job>_restate`: manual, a window range as a param; the request is the DAG run's id, so
   clearing and running the task again restates each window once.
+- `<job>_maintain`: `onceflow maintain`, daily (the Dagster maintenance schedule's cadence).
 
 Asset names are the sinks' names and their URIs the Dagster assets' `dagster/uri`, both from
 `python -m onceflow.ops.catalog` (no Spark), cached for `CATALOG_TTL_S` so the DAG processor's
@@ -30,6 +31,7 @@ from airflow.sdk.definitions.asset import AssetAll
 
 from onceflow_airflow.command import catalog, onceflow_command, project_dir
 from onceflow_airflow.operators import (
+    OnceflowMaintainOperator,
     OnceflowReconcileOperator,
     OnceflowRecoverOperator,
     OnceflowRestateOperator,
@@ -85,19 +87,21 @@ def build_job_dags(
     *,
     jobs: Mapping[str, Any] | None = None,
     reconcile_schedule: str | None = "@daily",
+    maintain_schedule: str | None = "30 3 * * *",
     retries: int = 2,
     retry_delay: timedelta = timedelta(seconds=5),
     poll_interval: float = 30.0,
     env: Mapping[str, str] | None = None,
     run_arguments: Sequence[str] = (),
 ) -> dict[str, DAG]:
-    """The DAGs `<job>`, `<job>_reconcile` and `<job>_restate`, by DAG id; put them in a DAG
-    file's globals: `globals().update(build_job_dags("orders"))`.
+    """The DAGs `<job>`, `<job>_reconcile`, `<job>_restate` and `<job>_maintain`, by DAG id; put
+    them in a DAG file's globals: `globals().update(build_job_dags("orders"))`.
 
     Args:
         job: The onceflow job's name (as `onceflow jobs` lists it).
         jobs: The catalog (`job_catalog()`, the default).
         reconcile_schedule: When `<job>_reconcile` runs (None: manual).
+        maintain_schedule: When `<job>_maintain` runs (daily at 03:30 by default; None: manual).
         retries: Retries of a retryable failure (exit 75) of run, recover and restate.
         poll_interval: Seconds between the new-input sensor's looks.
         env: Extra environment for the commands (templated).
@@ -170,4 +174,21 @@ def build_job_dags(
             task_id="restate", windows="{{ params.windows }}", **common, **retry
         )
 
-    return {job: main, f"{job}_reconcile": reconcile_dag, f"{job}_restate": restate_dag}
+    with DAG(
+        dag_id=f"{job}_maintain",
+        schedule=maintain_schedule,
+        start_date=START,
+        catchup=False,
+        max_active_runs=1,
+        tags=tags,
+        doc_md=f"Maintenance of `{job}`: its Delta sinks compacted, checkpointed and vacuumed "
+        "past what readers still need; the ledger's old per-window detail dropped.",
+    ) as maintain_dag:
+        OnceflowMaintainOperator(task_id="maintain", **common, **retry)
+
+    return {
+        job: main,
+        f"{job}_reconcile": reconcile_dag,
+        f"{job}_restate": restate_dag,
+        f"{job}_maintain": maintain_dag,
+    }

@@ -1,4 +1,4 @@
-"""Operators running `onceflow run|recover|restate|validate|reconcile JOB --json`.
+"""Operators running `onceflow run|recover|restate|validate|reconcile|maintain JOB --json`.
 
 The request's identity is Airflow's run id (`--run-id {{ run_id }}`), so a task's retry is the
 same request and commits or restates nothing twice. Exit 75 (retryable), or a command killed
@@ -145,3 +145,11 @@ class OnceflowReconcileOperator(OnceflowOperator):
 
     command = "reconcile"
     takes_run_id = False
+
+
+class OnceflowMaintainOperator(OnceflowOperator):
+    """`onceflow maintain JOB`: Delta sinks compacted, checkpointed and vacuumed past the horizon
+    onceflow computes, the ledger's old per-window detail dropped (`--run-id` names the fence
+    taken to remove orphan files)."""
+
+    command = "maintain"

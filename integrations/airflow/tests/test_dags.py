@@ -96,6 +96,14 @@ def test_the_recover_task_after_a_failed_run_ends_exact(onceflow_env: dict[str, 
     assert result["ok"] is True and result["reconcile"]["clean"] is True, result
     print(f"before recover: {before}")
 
+    # The daily maintenance DAG on the recovered job: its Delta sink maintained, still exact.
+    maintained = dags["payments_maintain"].test()
+    assert states(maintained)["maintain"][0] == "success", states(maintained)
+    report = maintained.get_task_instance("maintain").xcom_pull(task_ids="maintain")
+    assert [t["sink"] for t in report["tables"]] == ["lake_payments"], report
+    assert report["ledger_detail"]["through"] == 0, report  # every window is recent
+    assert_exact("payments")
+
 
 def test_a_user_job_outside_the_package_gets_its_dags(
     onceflow_env: dict[str, str], monkeypatch: object
@@ -106,7 +114,7 @@ def test_a_user_job_outside_the_package_gets_its_dags(
     jobs = job_catalog(refresh=True)
     assert set(jobs) == {"orders"}
     dags = build_job_dags("orders", jobs=jobs)
-    assert sorted(dags) == ["orders", "orders_reconcile", "orders_restate"]
+    assert sorted(dags) == ["orders", "orders_maintain", "orders_reconcile", "orders_restate"]
     assert all(isinstance(d, DAG) for d in dags.values())
     assert [a.name for a in dags["orders"].get_task("validate").outlets] == [
         "pg_orders",
@@ -126,4 +134,4 @@ def test_the_dag_files_import_cleanly(onceflow_env: dict[str, str]) -> None:
     listed = airflow_cli("dags", "list", "--output", "json")
     ids = {d["dag_id"] for d in cli_json(listed.stdout)}
     for job in ("payments", "daily_totals"):
-        assert {job, f"{job}_reconcile", f"{job}_restate"} <= ids
+        assert {job, f"{job}_reconcile", f"{job}_restate", f"{job}_maintain"} <= ids

@@ -11,6 +11,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowFailException
 from onceflow_airflow import command
 from onceflow_airflow.operators import (
+    OnceflowMaintainOperator,
     OnceflowReconcileOperator,
     OnceflowRecoverOperator,
     OnceflowRestateOperator,
@@ -34,6 +35,14 @@ def test_the_command_lines() -> None:
         "--json",
     ]
     assert OnceflowReconcileOperator(task_id="o", job="payments").argv()[-1] == "--json"
+    # maintain names its fence after the request.
+    assert OnceflowMaintainOperator(task_id="m", job="payments", request_id="z").argv() == [
+        "maintain",
+        "payments",
+        "--run-id",
+        "z",
+        "--json",
+    ]
     # Airflow's run id by default.
     assert OnceflowRunOperator(task_id="d", job="j").request_id == "{{ run_id }}"
     assert "env" in OnceflowRunOperator.template_fields

@@ -25,7 +25,7 @@ UP_TIMEOUT_S = 240
 DAGS = {
     f"{job}{suffix}"
     for job in ("payments", "daily_totals")
-    for suffix in ("", "_reconcile", "_restate")
+    for suffix in ("", "_reconcile", "_restate", "_maintain")
 }
 
 

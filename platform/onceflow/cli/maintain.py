@@ -1,4 +1,5 @@
-"""`onceflow maintain JOB`: compact, checkpoint and vacuum a job's Delta sinks past its horizon."""
+"""`onceflow maintain JOB`: compact, checkpoint and vacuum a job's Delta sinks past its horizon,
+and drop the ledger's per-window detail past the job's detail horizon."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ def cmd_maintain(args: argparse.Namespace) -> int:
         engine_for(args.job, spark=False),
         dry_run=args.dry_run,
         orphan_age_s=args.orphan_age_s,
+        keep_detail_days=args.keep_detail_days,
         run_id=args.run_id,
     )
     if args.json:
@@ -27,7 +29,8 @@ def cmd_maintain(args: argparse.Namespace) -> int:
 def add_maintain(sub: Any) -> None:
     mnt = sub.add_parser(
         "maintain",
-        help="compact, checkpoint, vacuum the job's Delta sinks past what readers still need",
+        help="compact, checkpoint, vacuum the job's Delta sinks past what readers still need; "
+        "drop the ledger's old per-window detail",
     )
     mnt.add_argument("job")
     mnt.add_argument("--dry-run", action="store_true", help="report; change nothing")
@@ -36,6 +39,13 @@ def add_maintain(sub: Any) -> None:
         type=float,
         default=None,
         help="remove files no commit names once older than this (default 3600), under a fence",
+    )
+    mnt.add_argument(
+        "--keep-detail-days",
+        type=float,
+        default=None,
+        help="windows planned within this many days keep the ledger's lineage rows and "
+        "contributions, so they can be restated (default 30)",
     )
     add_run_id(mnt)
     add_json(mnt)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from onceflow.maintain._detail import DetailPruned
 from onceflow.sinks.maintenance import TableMaintained
 
 
@@ -15,6 +16,7 @@ class MaintainResult:
     job: str
     dry_run: bool
     tables: tuple[TableMaintained, ...] = field(default_factory=tuple)
+    detail: DetailPruned = field(default_factory=lambda: DetailPruned(0, 0))
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -22,6 +24,7 @@ class MaintainResult:
             "job": self.job,
             "dry_run": self.dry_run,
             "tables": [t.as_json() for t in self.tables],
+            "ledger_detail": self.detail.as_json(),
         }
 
     def lines(self) -> list[str]:
@@ -42,4 +45,7 @@ class MaintainResult:
                 for h in t.binding
             )
             out.extend(f"  {n}" for n in t.notes)
-        return out or [f"job {self.job} has no Delta sink: nothing to maintain"]
+        if not out:
+            out.append(f"job {self.job} has no Delta sink: no table to maintain")
+        out.append(self.detail.line(self.dry_run))
+        return out

@@ -6,6 +6,7 @@ import uuid
 from collections.abc import Sequence
 
 from onceflow.job import Job
+from onceflow.maintain._detail import prune_detail
 from onceflow.maintain._horizon import downstream_holds
 from onceflow.maintain._options import Options
 from onceflow.maintain._report import MaintainResult
@@ -18,12 +19,13 @@ def maintain_job(
     options: Options | None = None,
     run_id: str | None = None,
 ) -> MaintainResult:
-    """Compact, checkpoint, vacuum and clean the log of every Delta sink of `ctx.job`.
+    """Compact, checkpoint, vacuum and clean the log of every Delta sink of `ctx.job`, then
+    drop the ledger's per-window detail past the job's detail horizon (`_detail`).
 
     Args:
         ctx: The job (its settings, ledger and sink groups); no Spark session is needed.
         jobs: The jobs that may read its tables (a downstream job's ledger sets the horizon).
-        options: Dry run, orphan age, compaction target.
+        options: Dry run, orphan age, compaction target, how long detail is kept.
         run_id: Names the fence, when one is taken (orphans to remove).
 
     Raises:
@@ -64,4 +66,7 @@ def maintain_job(
                 log_is_only_record=only_record,
             )
         )
-    return MaintainResult(ctx.job.name, options.dry_run, tuple(tables))
+    # The ledger's per-window detail past the horizon: after the tables, so a maintenance
+    # run that failed on a table leaves the ledger as it was.
+    detail = prune_detail(ctx, options.keep_detail, options.dry_run)
+    return MaintainResult(ctx.job.name, options.dry_run, tuple(tables), detail)

@@ -30,6 +30,7 @@ from onceflow.sinks.spec import SinkSpec
 from onceflow.storage import Location
 
 if TYPE_CHECKING:
+    import psycopg
     from pyspark.sql import DataFrame, SparkSession
 
     from onceflow._ledger_scan import KnownWindows
@@ -180,6 +181,13 @@ class SinkGroup(ABC):
     @abstractmethod
     def check_restate(self, window: Window) -> None:
         """Raise SinkError if `window` cannot be restated here (checked before any change)."""
+
+    def forget_detail(self, conn: psycopg.Connection, through: int) -> int:
+        """Drop the per-window records of windows through `through` that only restating them
+        reads; return the rows dropped. Called by maintenance inside the ledger's transaction
+        that holds the job's row (no commit runs meanwhile); `check_restate` refuses those
+        windows afterwards where it needed them. None by default."""
+        return 0
 
     @abstractmethod
     def restatement_applied(self, seq: int) -> set[str]:

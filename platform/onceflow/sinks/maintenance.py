@@ -12,6 +12,9 @@ TARGET_FILE_BYTES = 128 * 1024 * 1024
 # A file no log entry names is removed only once older than this: a commit in flight (a window
 # prepared while the one before it commits, a commit retrying its races) is far younger.
 ORPHAN_AGE = timedelta(hours=1)
+# The ledger keeps the per-window detail only a look back reads (lineage rows, contributions)
+# for windows planned within this; a month, as Delta's default log retention keeps a history.
+KEEP_DETAIL = timedelta(days=30)
 
 
 @dataclass(frozen=True)
@@ -22,6 +25,7 @@ class Options:
     orphan_age: timedelta = ORPHAN_AGE
     target_file_bytes: int = TARGET_FILE_BYTES
     compact: bool = True
+    keep_detail: timedelta = KEEP_DETAIL
 
 
 @dataclass(frozen=True)

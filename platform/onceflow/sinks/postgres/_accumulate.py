@@ -4,6 +4,8 @@ table's rows, and each window's contribution recorded so a restatement can take 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import psycopg
 from psycopg import sql
 
@@ -345,17 +347,45 @@ def _record_contribution(
 
 
 def has_contribution(conn: psycopg.Connection, job: str, sink: str, window_id: int) -> bool:
-    """Whether the window's contribution to an accumulating sink is on record."""
+    """Whether the window's contribution to an accumulating sink is on record (and was not
+    dropped by maintenance past the job's detail horizon: `onceflow.detail_pruned`)."""
     return (
         conn.execute(
-            "SELECT 1 FROM onceflow.window_contributions"
+            "SELECT 1 WHERE NOT EXISTS (SELECT 1 FROM onceflow.detail_pruned"
+            "  WHERE job = %(job)s AND sink = %(sink)s AND through >= %(w)s)"
+            " AND EXISTS (SELECT 1 FROM onceflow.window_contributions"
             " WHERE job = %(job)s AND sink = %(sink)s AND window_id = %(w)s"
             " UNION ALL SELECT 1 FROM onceflow.contributions"
             " WHERE job = %(job)s AND sink = %(sink)s AND window_id = %(w)s"
             " UNION ALL SELECT 1 FROM onceflow.sink_commits"
-            " WHERE job = %(job)s AND sink = %(sink)s AND window_id = %(w)s AND rows_written = 0"
-            " LIMIT 1",
+            " WHERE job = %(job)s AND sink = %(sink)s AND window_id = %(w)s AND rows_written = 0)",
             {"job": job, "sink": sink, "w": window_id},
         ).fetchone()
         is not None
     )
+
+
+def detail_pruned_through(conn: psycopg.Connection, job: str, sink: str) -> int:
+    """The window through which maintenance dropped the sink's per-window detail (0: none)."""
+    row = conn.execute(
+        "SELECT through FROM onceflow.detail_pruned WHERE job = %s AND sink = %s", (job, sink)
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def forget_contributions(
+    conn: psycopg.Connection, job: str, sinks: Sequence[str], through: int
+) -> int:
+    """Drop the recorded contributions of windows through `through` (maintenance, past the
+    detail horizon); return the rows dropped. The caller records the point in
+    `onceflow.detail_pruned` in the same transaction, so no restatement reads them again."""
+    dropped = 0
+    for table in ("window_contributions", "contributions"):
+        cur = conn.execute(
+            sql.SQL("DELETE FROM {} WHERE job = %s AND sink = ANY(%s) AND window_id <= %s").format(
+                sql.Identifier("onceflow", table)
+            ),
+            (job, list(sinks), through),
+        )
+        dropped += cur.rowcount
+    return dropped

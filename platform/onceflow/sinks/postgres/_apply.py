@@ -12,7 +12,9 @@ from onceflow.errors import SinkError
 from onceflow.sinks.postgres._accumulate import (
     accumulate,
     contribution,
+    detail_pruned_through,
     forget_contribution,
+    has_contribution,
     save_contribution,
     summed,
     target_table,
@@ -205,6 +207,14 @@ def restate_staged(
     """Replace the window's effect in the sink by the staged rows; return the rows written and
     the table's net change in rows."""
     if spec.mode == "accumulate":
+        # Checked again under the commit's fence (maintenance drops contributions past the
+        # detail horizon holding the same row): taking back nothing would count the window twice.
+        if not has_contribution(conn, job, spec.name, window_id):
+            raise SinkError(
+                f"sink {spec.name}: window {window_id}'s contribution is no longer on record "
+                f"({_dropped(conn, job, spec.name, window_id)}), so it cannot be taken back; "
+                "nothing was written. Reconcile the sink instead."
+            )
         new = sql.SQL("(SELECT {} FROM {} AS n)").format(
             sql.SQL(", ").join(sql.Identifier(c) for c in spec.columns), staging
         )
@@ -242,3 +252,10 @@ def restate_staged(
     ).rowcount
     rows, added = apply_staged(conn, spec, staging, job, window_id, positioned)
     return rows, added - deleted
+
+
+def _dropped(conn: psycopg.Connection, job: str, sink: str, window_id: int) -> str:
+    """Why a window's contribution is not on record, in a few words."""
+    if detail_pruned_through(conn, job, sink) >= window_id:
+        return "maintenance dropped it past the job's detail horizon"
+    return "it was never recorded or was removed"

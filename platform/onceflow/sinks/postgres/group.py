@@ -37,7 +37,7 @@ from onceflow.sinks.base import (
     WindowWrite,
 )
 from onceflow.sinks.postgres import _compare
-from onceflow.sinks.postgres._accumulate import has_contribution
+from onceflow.sinks.postgres._accumulate import forget_contributions, has_contribution
 from onceflow.sinks.postgres._columns import count_rows, create_table, table_problems
 from onceflow.sinks.postgres._markers import PROTOCOL_DDL, marker_xids
 from onceflow.sinks.postgres._quality import quality_targets
@@ -47,6 +47,7 @@ from onceflow.sinks.writers import rows_written
 from onceflow.storage import Location
 
 if TYPE_CHECKING:
+    import psycopg
     from pyspark.sql import DataFrame, SparkSession
 
     from onceflow.ledger import Window
@@ -434,13 +435,21 @@ class PostgresGroup(SinkGroup):
                 if not recorded[spec.name]:
                     raise SinkError(
                         f"sink {spec.name}: window {window.window_id}'s contribution is not "
-                        "on record, so it cannot be taken back; reconcile the sink instead."
+                        "on record (windows past the job's detail horizon lose it at "
+                        "`onceflow maintain`), so it cannot be taken back; reconcile the sink "
+                        "instead."
                     )
             elif spec.window_column is None:
                 raise SinkError(
                     f"sink {spec.name}: has no window_column, so a window's rows cannot be "
                     "found to restate them; declare one in the sink."
                 )
+
+    def forget_detail(self, conn: psycopg.Connection, through: int) -> int:
+        accumulating = [s.name for s in self.specs if s.mode == "accumulate"]
+        if not accumulating:
+            return 0
+        return forget_contributions(conn, self.job, accumulating, through)
 
     def restatement_applied(self, seq: int) -> set[str]:
         # The sinks' transaction wrote a marker per sink with the rows: all or none.

@@ -1,0 +1,256 @@
+"""The ledger's per-window detail past the detail horizon: dropped by `onceflow maintain` with
+its sums kept, the windows it served refused for restatement, every other path exact; and a
+restatement racing the drop is either applied whole first or refused after (real processes,
+real signals).
+
+The payments job: the `payments` Delta and PostgreSQL sinks, the accumulating `balances`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import psycopg
+import pytest
+from psycopg import sql
+
+from onceflow import ops
+from onceflow.engine import Engine
+from onceflow.errors import SinkError
+from onceflow.generate import generate_payments
+from onceflow.registry import get_job
+from onceflow.restate import restate_windows
+from onceflow.settings import Settings
+from tests.core.test_restate import _cli_env, _flat_fee_expected
+from tests.support.cli import CliRun
+from tests.support.flat_fee_payments import FLAT_FEE
+from tests.support.oracle import expected_outputs, visible_files
+from tests.support.outputs import actual_outputs, assert_exact
+
+JOB = "payments"
+
+
+def _counts(dsn: str) -> dict[str, int]:
+    with psycopg.connect(dsn) as conn:
+        return {
+            table: int(
+                conn.execute(
+                    sql.SQL("SELECT count(*) FROM {} WHERE job = %s").format(
+                        sql.Identifier("onceflow", table)
+                    ),
+                    (JOB,),
+                ).fetchone()[0]  # type: ignore[index]
+            )
+            for table in ("sink_versions", "window_contributions", "windows", "sink_commits")
+        }
+
+
+def _pruned(dsn: str) -> dict[str, tuple[int, int, int]]:
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            "SELECT sink, through, windows, rows_written FROM onceflow.detail_pruned"
+            " WHERE job = %s",
+            (JOB,),
+        ).fetchall()
+    return {str(s): (int(t), int(w), int(r)) for s, t, w, r in rows}
+
+
+def _lineage_sums(dsn: str) -> dict[str, tuple[int, int]]:
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            "SELECT sink, count(*), coalesce(sum(rows_written), 0) FROM onceflow.sink_versions"
+            " WHERE job = %s GROUP BY sink",
+            (JOB,),
+        ).fetchall()
+    return {str(s): (int(n), int(r)) for s, n, r in rows}
+
+
+@pytest.fixture()
+def settings(tmp_path: Path, pg_dsn: str, lake: Path, landing: Path) -> Settings:
+    return Settings(home=tmp_path / "home", postgres_dsn=pg_dsn, lake=lake, landing=landing)
+
+
+def test_detail_past_the_horizon_goes_its_sums_stay_and_restating_it_is_refused(
+    spark: Any, settings: Settings, pg_dsn: str, landing: Path, lake: Path
+) -> None:
+    generate_payments(landing, records=900, files=4, duplicate_rate=0.2, invalid_rate=0.1, seed=11)
+    job = get_job(JOB)
+    Engine(job, settings, spark, pg_dsn).run(max_units_per_window=1)  # windows 1-4
+    before = _counts(pg_dsn)
+    lineage = _lineage_sums(pg_dsn)
+    assert before["window_contributions"] == 4 and before["sink_versions"] > 0
+
+    # Windows planned within the default month keep everything.
+    kept = ops.maintain(job, settings, dsn=pg_dsn, jobs=[job])
+    assert kept.detail.through == 0 and _counts(pg_dsn) == before
+
+    # A dry run says what would go, and changes nothing.
+    dry = ops.maintain(job, settings, dsn=pg_dsn, jobs=[job], dry_run=True, keep_detail_days=0)
+    assert (dry.detail.through, dry.detail.lineage_rows) == (4, before["sink_versions"])
+    assert dry.detail.contribution_rows == 4
+    assert _counts(pg_dsn) == before and _pruned(pg_dsn) == {}
+
+    done = ops.maintain(job, settings, dsn=pg_dsn, jobs=[job], keep_detail_days=0)
+    assert done.detail.as_json() == {
+        "through": 4,
+        "before": 0,
+        "lineage_rows": before["sink_versions"],
+        "contribution_rows": 4,
+    }
+    after = _counts(pg_dsn)
+    assert after["sink_versions"] == 0 and after["window_contributions"] == 0
+    # The plan and the markers, what recovery reads, stay whole.
+    assert after["windows"] == before["windows"] and after["sink_commits"] == before["sink_commits"]
+    pruned = _pruned(pg_dsn)
+    assert {s: (w, r) for s, (_, w, r) in pruned.items() if w} == lineage
+    assert {t for t, _, _ in pruned.values()} == {4}
+    assert "dropped windows 1..4's" in "\n".join(done.lines())
+    again = ops.maintain(job, settings, dsn=pg_dsn, jobs=[job], keep_detail_days=0)
+    assert (again.detail.through, again.detail.lineage_rows) == (4, 0)
+
+    # A window past the horizon cannot be restated where its contribution was needed.
+    flat = Engine(FLAT_FEE, settings, spark, pg_dsn)
+    with pytest.raises(SinkError, match="detail horizon"):
+        restate_windows(flat, [2], request_id="too-old")
+
+    # Everything else goes on: a new window, its restatement, a full reconcile, quality.
+    generate_payments(landing, records=200, files=1, seed=12)
+    files = visible_files(landing)
+    Engine(job, settings, spark, pg_dsn).run(max_units_per_window=1)  # window 5
+    assert _counts(pg_dsn)["window_contributions"] == 1
+    expected = expected_outputs(landing, windows=[[f] for f in files])
+    assert_exact(expected, actual_outputs(pg_dsn, lake))
+    report = ops.reconcile(job, settings, spark=spark, dsn=pg_dsn, dry_run=True)
+    assert report.clean and report.windows_recomputed == 5, report
+    restate_windows(flat, [5], request_id="recent")
+    assert_exact(_flat_fee_expected(expected, {files[4]}), actual_outputs(pg_dsn, lake))
+    assert ops.validate(job, settings, spark=spark, dsn=pg_dsn).passed
+
+
+def test_the_horizon_stops_below_open_windows_and_restatements(
+    spark: Any, settings: Settings, pg_dsn: str, landing: Path
+) -> None:
+    generate_payments(landing, records=600, files=4, duplicate_rate=0.1, invalid_rate=0.1, seed=13)
+    job = get_job(JOB)
+    Engine(job, settings, spark, pg_dsn).run(max_units_per_window=1)  # windows 1-4
+    with psycopg.connect(pg_dsn) as conn:  # as an unfinished restatement of window 3 leaves it
+        conn.execute(
+            "INSERT INTO onceflow.restatements (job, seq, window_id, request_id, epoch)"
+            " VALUES (%s, 1, 3, 'open', 1)",
+            (JOB,),
+        )
+    first = ops.maintain(job, settings, dsn=pg_dsn, jobs=[job], keep_detail_days=0)
+    assert first.detail.through == 2 and first.detail.contribution_rows == 2
+    with psycopg.connect(pg_dsn) as conn:
+        kept = conn.execute(
+            "SELECT array_agg(window_id ORDER BY window_id) FROM onceflow.window_contributions"
+            " WHERE job = %s",
+            (JOB,),
+        ).fetchone()[0]  # type: ignore[index]
+        assert kept == [3, 4]
+        conn.execute("UPDATE onceflow.restatements SET cancelled_at = now() WHERE job = %s", (JOB,))
+    # Nor past a window not yet completed, nor past one planned within the kept days.
+    with psycopg.connect(pg_dsn) as conn:
+        conn.execute(
+            "UPDATE onceflow.windows SET completed_at = NULL WHERE job = %s AND window_id = 4",
+            (JOB,),
+        )
+    assert (
+        ops.maintain(job, settings, dsn=pg_dsn, jobs=[job], keep_detail_days=0).detail.through == 3
+    )
+    with psycopg.connect(pg_dsn) as conn:
+        conn.execute(
+            "UPDATE onceflow.windows SET completed_at = now() WHERE job = %s AND window_id = 4",
+            (JOB,),
+        )
+    assert (
+        ops.maintain(job, settings, dsn=pg_dsn, jobs=[job], keep_detail_days=1).detail.through == 3
+    )
+    with pytest.raises(Exception, match="keep_detail_days must not be negative"):
+        ops.maintain(job, settings, dsn=pg_dsn, jobs=[job], keep_detail_days=-1)
+
+
+def _waiting_for_a_lock(dsn: str) -> bool:
+    """Whether a session of this database waits for a lock (the second process, on the job's
+    row)."""
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+            " AND datname = current_database()"
+        ).fetchone()
+    return bool(row and row[0])
+
+
+def _wait_until(what: str, done: Any, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, f"never {what}"
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("first", ["restatement", "maintenance"])
+def test_a_restatement_racing_the_drop_is_applied_whole_or_refused(
+    spark: Any, settings: Settings, pg_dsn: str, landing: Path, lake: Path, tmp_path: Path,
+    first: str,
+) -> None:  # fmt: skip
+    """The two real processes meet at the job's row: the first stopped by SIGSTOP while it
+    holds it (the restatement just before its COMMIT; maintenance after reading its horizon),
+    the other started and waiting for the row, then the first let go (SIGCONT). Either the
+    restatement is applied whole and its window's detail kept until it is done, or it is
+    refused and changes nothing; a frozen maintenance never stalls the run that needs the row
+    (it ends the frozen session, and the drop is done by the next maintenance)."""
+    generate_payments(landing, records=900, files=4, duplicate_rate=0.2, invalid_rate=0.1, seed=14)
+    files = visible_files(landing)
+    job = get_job(JOB)
+    Engine(job, settings, spark, pg_dsn).run(max_units_per_window=1)  # windows 1-4
+    expected = expected_outputs(landing, windows=[[f] for f in files])
+    logs = tmp_path / "logs"
+    flat = {"ONCEFLOW_JOBS": "tests.support.flat_fee_payments:FLAT_FEE"}
+    restate = ["restate", JOB, "--windows", "2", "--request-id", "race"]
+    maintain = ["maintain", JOB, "--keep-detail-days", "0", "--json"]
+    fault = "before_pg_commit@2:stop" if first == "restatement" else "prune_locked:stop"
+    held = CliRun(
+        restate if first == "restatement" else maintain,
+        _cli_env(settings, ONCEFLOW_FAULT=fault, **flat),
+        logs,
+    )
+    try:
+        frozen = psutil.Process(held.pid)
+        _wait_until(
+            "froze at its fault point",
+            lambda: held.proc.poll() is not None or frozen.status() == psutil.STATUS_STOPPED,
+        )
+        assert held.proc.poll() is None, held.finish().stderr[-2000:]
+        other = CliRun(
+            maintain if first == "restatement" else restate, _cli_env(settings, **flat), logs
+        )
+        try:
+            _wait_until(
+                "waited for the job's row",
+                lambda: other.proc.poll() is not None or _waiting_for_a_lock(pg_dsn),
+            )
+            os.kill(held.pid, signal.SIGCONT)
+            one, two = held.finish(), other.finish()
+        finally:
+            other.kill_group()
+    finally:
+        held.kill_group()
+    restated, maintained = (one, two) if first == "restatement" else (two, one)
+    if restated.returncode == 0:  # applied whole
+        assert_exact(_flat_fee_expected(expected, {files[1]}), actual_outputs(pg_dsn, lake))
+    else:  # refused: the drop came first
+        assert "detail horizon" in restated.stderr, restated.stderr[-2000:]
+        assert_exact(expected, actual_outputs(pg_dsn, lake))
+    if first == "restatement":
+        assert restated.returncode == 0, restated.stderr[-2000:]
+        assert maintained.returncode == 0, maintained.stderr[-2000:]
+    # The next maintenance drops what is past the horizon now; nothing is left pending.
+    ops.maintain(job, settings, dsn=pg_dsn, jobs=[job], keep_detail_days=0)
+    assert _counts(pg_dsn)["window_contributions"] == 0
+    assert ops.validate(job, settings, spark=spark, dsn=pg_dsn).passed
