@@ -23,6 +23,7 @@ from onceflow import ops
 from onceflow.engine import Engine
 from onceflow.errors import SinkError
 from onceflow.generate import generate_payments
+from onceflow.maintain import _detail
 from onceflow.registry import get_job
 from onceflow.restate import restate_windows
 from onceflow.settings import Settings
@@ -76,7 +77,7 @@ def settings(tmp_path: Path, pg_dsn: str, lake: Path, landing: Path) -> Settings
 
 
 def test_detail_past_the_horizon_goes_its_sums_stay_and_restating_it_is_refused(
-    spark: Any, settings: Settings, pg_dsn: str, landing: Path, lake: Path
+    spark: Any, settings: Settings, pg_dsn: str, landing: Path, lake: Path, monkeypatch: Any
 ) -> None:
     generate_payments(landing, records=900, files=4, duplicate_rate=0.2, invalid_rate=0.1, seed=11)
     job = get_job(JOB)
@@ -95,6 +96,7 @@ def test_detail_past_the_horizon_goes_its_sums_stay_and_restating_it_is_refused(
     assert dry.detail.contribution_rows == 4
     assert _counts(pg_dsn) == before and _pruned(pg_dsn) == {}
 
+    monkeypatch.setattr(_detail, "CHUNK", 3)  # windows 1-3, then 4: two transactions
     done = ops.maintain(job, settings, dsn=pg_dsn, jobs=[job], keep_detail_days=0)
     assert done.detail.as_json() == {
         "through": 4,

@@ -88,13 +88,19 @@ class DetailPruned:
         )
 
 
+# Windows dropped per transaction: each holds the job's row, which a commit of the job waits
+# for, so a first drop over a long history is cut into short ones.
+CHUNK = 5_000
+
+
 def prune_detail(ctx: JobContext, keep: timedelta, dry_run: bool) -> DetailPruned:
-    """Drop the per-window detail of `ctx.job`'s windows past its detail horizon (a dry run
-    does it all and rolls it back, holding no lock). Done again after a lost connection: an
-    attempt whose COMMIT applied leaves nothing past the horizon for the next."""
+    """Drop the per-window detail of `ctx.job`'s windows past its detail horizon, `CHUNK`
+    windows a transaction (a dry run does it all in one and rolls it back, holding no lock).
+    Each is done again after a lost connection: one whose COMMIT applied moved the point."""
     sinks = [spec.name for group in ctx.groups for spec in group.specs]
 
-    def attempt() -> DetailPruned:
+    def attempt() -> tuple[DetailPruned, int]:
+        """One transaction's part, and the horizon it read."""
         # A session named for the job without an epoch: a run that needs the job's row while
         # this one is frozen holding it ends it (`Ledger.acquire_epoch`), so maintenance never
         # stalls a run; what it rolls back is done by the next maintenance.
@@ -105,22 +111,29 @@ def prune_detail(ctx: JobContext, keep: timedelta, dry_run: bool) -> DetailPrune
                 (ctx.job.name,),
             ).fetchone()
             if owner is None:  # never run: nothing recorded
-                return DetailPruned(0, 0)
+                return DetailPruned(0, 0), 0
             row = conn.execute(
                 _HORIZON, {"job": ctx.job.name, "keep": keep, "sinks": sinks}
             ).fetchone()
             assert row is not None
             horizon, before = int(row[0] or 0), int(row[1] or 0)
             if horizon <= before:
-                return DetailPruned(before, before)
+                return DetailPruned(before, before), horizon
+            through = horizon if dry_run else min(horizon, before + CHUNK)
             if not dry_run:
                 faults.point("prune_locked")
-            lineage = _count_lineage(conn, ctx.job.name, horizon)
-            dropped = sum(group.forget_detail(conn, horizon) for group in ctx.groups)
-            _fold_lineage(conn, ctx.job.name, sinks, horizon)
-            return DetailPruned(horizon, before, lineage, dropped)
+            lineage = _count_lineage(conn, ctx.job.name, through)
+            dropped = sum(group.forget_detail(conn, through) for group in ctx.groups)
+            _fold_lineage(conn, ctx.job.name, sinks, through)
+            return DetailPruned(through, before, lineage, dropped), horizon
 
-    return retrying(attempt, what=f"drop the ledger's detail (job {ctx.job.name})", dsn=ctx.dsn)
+    what = f"drop the ledger's detail (job {ctx.job.name})"
+    done, horizon = retrying(attempt, what=what, dsn=ctx.dsn)
+    before, lineage, dropped = done.before, done.lineage_rows, done.contribution_rows
+    while done.through < horizon:  # a horizon read lower meanwhile (a restatement) ends it
+        done, horizon = retrying(attempt, what=what, dsn=ctx.dsn)
+        lineage, dropped = lineage + done.lineage_rows, dropped + done.contribution_rows
+    return DetailPruned(done.through, before, lineage, dropped)
 
 
 def _count_lineage(conn: psycopg.Connection, job: str, horizon: int) -> int:
