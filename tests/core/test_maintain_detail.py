@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -175,6 +176,46 @@ def test_the_horizon_stops_below_open_windows_and_restatements(
     )
     with pytest.raises(Exception, match="keep_detail_days must not be negative"):
         ops.maintain(job, settings, dsn=pg_dsn, jobs=[job], keep_detail_days=-1)
+
+
+def test_detail_dropped_again_and_again_while_a_run_commits_its_windows(
+    spark: Any, settings: Settings, pg_dsn: str, landing: Path, lake: Path
+) -> None:
+    """Maintenance in a thread, dropping everything past the horizon over and over, while a
+    run plans and commits six windows: every window exact, no maintenance failed, and each
+    drop stopped below the windows the run was working on."""
+    generate_payments(landing, records=900, files=6, duplicate_rate=0.2, invalid_rate=0.1, seed=15)
+    files = visible_files(landing)
+    job = get_job(JOB)
+    stop = threading.Event()
+    results: list[Any] = []
+    errors: list[BaseException] = []
+
+    def keep_maintaining() -> None:
+        while not stop.is_set():
+            try:
+                results.append(
+                    ops.maintain(job, settings, dsn=pg_dsn, jobs=[job], keep_detail_days=0)
+                )
+            except Exception as exc:
+                errors.append(exc)
+            time.sleep(0.1)
+
+    thread = threading.Thread(target=keep_maintaining)
+    thread.start()
+    try:
+        Engine(job, settings, spark, pg_dsn).run(max_units_per_window=1)
+    finally:
+        stop.set()
+        thread.join()
+    assert not errors, errors
+    assert any(r.detail.contribution_rows for r in results), [r.detail for r in results]
+    assert_exact(
+        expected_outputs(landing, windows=[[f] for f in files]), actual_outputs(pg_dsn, lake)
+    )
+    last = ops.maintain(job, settings, dsn=pg_dsn, jobs=[job], keep_detail_days=0)
+    assert last.detail.through == 6 and _counts(pg_dsn)["window_contributions"] == 0
+    assert ops.validate(job, settings, spark=spark, dsn=pg_dsn).passed
 
 
 def _waiting_for_a_lock(dsn: str) -> bool:
