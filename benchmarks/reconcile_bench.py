@@ -15,6 +15,11 @@ maintained as a job on its maintenance schedule is (`ops.maintain`: files compac
 cleaned), the steady state.
 
     .venv/bin/python benchmarks/reconcile_bench.py --sizes 100,10000,100000 [--maintained]
+        [--quality] [--runs]
+
+`--quality` also times the job's quality suites on each history (the Spark aggregate apart
+from the rest), `--runs` a run of one new window on it (start-up, the key index's first look,
+the window's compute and commit), after the reconciles.
 """
 
 from __future__ import annotations
@@ -181,6 +186,7 @@ def bench(
     full: bool,
     maintained: bool = False,
     quality: bool = False,
+    window_runs: bool = False,
 ) -> dict[str, float]:
     root = work / f"h{windows}"
     settings = Settings(
@@ -233,6 +239,23 @@ def bench(
         out["validate_rest_s"] = statistics.median(
             w - s for w, s in zip(walls, sparks, strict=True)
         )
+    if window_runs:
+        # A run of one new window on the history (start-up, the key index's first look, plan,
+        # compute, commit), a new landed file each time; after the reconciles: they expect
+        # the history as it was built.
+        folder = settings.landing.path / "events"
+        runs = []
+        runner = Engine(JOB, settings, spark, dsn)
+        for i in range(repeat + 1):
+            wid = windows + 1 + i
+            pq.write_table(_rows(wid), folder / f".f{wid:08d}.tmp")
+            (folder / f".f{wid:08d}.tmp").rename(folder / f"f{wid:08d}.parquet")
+            started = time.perf_counter()
+            result = runner.run(max_units_per_window=1)
+            if i:  # the first warms the run's code paths
+                runs.append(time.perf_counter() - started)
+            assert len(result.windows) == 1, result
+        out["window_run_s"] = statistics.median(runs)
     if full:
         report = reconcile(engine)
         assert report.clean and report.windows_recomputed == windows, format_report(report)
@@ -256,6 +279,11 @@ def main(argv: list[str] | None = None) -> int:
         "--quality",
         action="store_true",
         help="also time the job's quality suites (validate) on each history",
+    )
+    parser.add_argument(
+        "--runs",
+        action="store_true",
+        help="also time a run of one new window on each history",
     )
     args = parser.parse_args(argv)
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
@@ -281,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
                 size <= args.full_max,
                 args.maintained,
                 args.quality,
+                args.runs,
             )
             print(size, {k: round(v, 3) for k, v in results[size].items()}, flush=True)
         base = results[min(results)]
@@ -291,6 +320,13 @@ def main(argv: list[str] | None = None) -> int:
                 f"{size:>8} {r['build_s']:>7.1f}s {r['incremental_s']:>11.2f}s "
                 f"{r['incremental_s'] / base['incremental_s']:>5.2f}x {full:>8}"
             )
+        if args.runs:
+            print(f"\n{'windows':>8} {'one window run':>15} {'ratio':>6}")
+            for size, r in results.items():
+                print(
+                    f"{size:>8} {r['window_run_s']:>14.2f}s "
+                    f"{r['window_run_s'] / base['window_run_s']:>5.2f}x"
+                )
         if args.quality:
             print(f"\n{'windows':>8} {'validate':>9} {'spark':>7} {'rest':>7} {'rest ratio':>10}")
             for size, r in results.items():

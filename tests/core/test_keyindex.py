@@ -405,3 +405,38 @@ def test_the_index_state_names_every_window_a_dedupe_must_see(pg_dsn: str) -> No
     assert index.state(3).due == Basis(((1, 2),))
     index.reset()  # a new run looks at every window again
     assert index.state(6).missing == [1]
+
+
+def test_a_runs_first_look_at_a_long_history_counts_what_it_can(pg_dsn: str) -> None:
+    """Windows 1-60 completed and indexed but 7 and 30, skipped: the first look proves them
+    settled by counts, and says what the look at every span would; a skipped window in the
+    index, or a window the ledger lost, is found as before."""
+    index = new_index(pg_dsn, "payments")
+    with psycopg.connect(pg_dsn) as conn:
+        conn.execute(
+            "INSERT INTO onceflow.windows (job, window_id, offsets, epoch, completed_at,"
+            " skipped_at, skip_reason) SELECT 'payments', i, '{}', 1,"
+            " CASE WHEN i IN (7, 30) THEN NULL ELSE now() END,"
+            " CASE WHEN i IN (7, 30) THEN now() END, CASE WHEN i IN (7, 30) THEN 'gone' END"
+            " FROM generate_series(1, 60) AS i"
+        )
+        conn.execute(
+            "INSERT INTO onceflow.dedupe_windows (job, window_id, keys) SELECT 'payments', i, 1"
+            " FROM generate_series(1, 60) AS i WHERE i NOT IN (7, 30)"
+        )
+    state = index.state(61)
+    assert state.settled == 61 and (state.missing, state.stale) == ([], [])
+    assert state.due == state.indexed == Basis(((1, 6), (8, 29), (31, 60)))
+    assert index.state(20).due == Basis(((1, 6), (8, 19)))
+
+    with psycopg.connect(pg_dsn) as conn:  # skipped window 30's keys in the index: stale
+        conn.execute("INSERT INTO onceflow.dedupe_windows VALUES ('payments', 30, 1)")
+    index.reset()
+    state = index.state(61)
+    assert (state.settled, state.stale, state.missing) == (30, [30], [])
+    with psycopg.connect(pg_dsn) as conn:  # and window 12's plan lost from the ledger
+        conn.execute("DELETE FROM onceflow.dedupe_windows WHERE window_id = 30")
+        conn.execute("DELETE FROM onceflow.windows WHERE window_id = 12")
+    index.reset()
+    state = index.state(61)
+    assert state.settled == 12 and state.stale == [12]
