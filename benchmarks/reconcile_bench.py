@@ -83,11 +83,12 @@ def build_history(settings: Settings, dsn: str, windows: int) -> None:
     """`windows` completed windows: landed files, ledger, key index and the Delta log."""
     folder = settings.landing.path / "events"
     folder.mkdir(parents=True)
-    sizes = []
+    sizes, mtimes = [], []
     for wid in range(1, windows + 1):
         path = folder / f"f{wid:08d}.parquet"
         pq.write_table(_rows(wid), path)
         sizes.append(path.stat().st_size)
+        mtimes.append(path.stat().st_mtime_ns)
     ledger = Ledger(dsn, JOB.name)
     ledger.ensure_schema()
     Engine(JOB, settings, None, dsn).prepare()  # the key index's tables
@@ -97,10 +98,11 @@ def build_history(settings: Settings, dsn: str, windows: int) -> None:
             "INSERT INTO onceflow.windows (job, window_id, offsets, epoch, completed_at, stats)"
             " SELECT %s, i, jsonb_build_object('files', jsonb_build_array("
             "   'events/f' || lpad(i::text, 8, '0') || '.parquet'),"
-            "   'sizes', jsonb_build_array((%s::bigint[])[i]), 'mtimes', jsonb_build_array(0)),"
+            "   'sizes', jsonb_build_array((%s::bigint[])[i]),"
+            "   'mtimes', jsonb_build_array((%s::bigint[])[i])),"
             " %s, now(), jsonb_build_object('outputs', jsonb_build_object('out', %s::bigint))"
             " FROM generate_series(1, %s) AS i",
-            (JOB.name, sizes, epoch, ROWS, windows),
+            (JOB.name, sizes, mtimes, epoch, ROWS, windows),
         )
         conn.execute(
             "INSERT INTO onceflow.source_units (job, unit, window_id)"
@@ -143,8 +145,11 @@ def build_history(settings: Settings, dsn: str, windows: int) -> None:
             "maxValues": {"event_id": max(ids), "points": ROWS - 1, "_window_id": wid},
             "nullCount": {"event_id": 0, "points": 0, "_window_id": 0},
         }
-        offsets = {"files": [f"events/f{wid:08d}.parquet"], "sizes": [sizes[wid - 1]]}
-        offsets["mtimes"] = [0]
+        offsets = {
+            "files": [f"events/f{wid:08d}.parquet"],
+            "sizes": [sizes[wid - 1]],
+            "mtimes": [mtimes[wid - 1]],
+        }
         entry = [
             {
                 "commitInfo": {

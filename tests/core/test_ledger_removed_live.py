@@ -18,32 +18,11 @@ import pytest
 
 from onceflow.generate import generate_payments
 from tests.support.cli import cli_env
+from tests.support.follow import wait_completed, windows
 from tests.support.oracle import expected_outputs
 from tests.support.outputs import actual_outputs, assert_exact
 
 pytestmark = pytest.mark.slow
-
-
-def _windows(dsn: str) -> tuple[int, int]:
-    """(windows planned, windows completed) of the job."""
-    with psycopg.connect(dsn) as conn:
-        if conn.execute("SELECT to_regclass('onceflow.windows')").fetchone() == (None,):
-            return 0, 0  # the run has not made its ledger yet
-        row = conn.execute(
-            "SELECT count(*), count(completed_at) FROM onceflow.windows WHERE job = 'payments'"
-        ).fetchone()
-    assert row is not None
-    return int(row[0]), int(row[1])
-
-
-def _wait_completed(dsn: str, count: int, proc: subprocess.Popen, timeout: float = 240) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"the follow run exited early: {proc.stderr.read()[-3000:]}"  # type: ignore[union-attr]
-        if _windows(dsn)[1] >= count:
-            return
-        time.sleep(0.3)
-    raise AssertionError(f"windows completed never reached {count}; have {_windows(dsn)}")
 
 
 @pytest.mark.parametrize(
@@ -86,14 +65,14 @@ def test_ledger_rows_removed_under_a_live_follow_run_never_take_input_twice(
         start_new_session=True,
     )  # fmt: skip
     try:
-        _wait_completed(pg_dsn, 2, follow)
+        wait_completed(pg_dsn, 2, follow)
         # Removed while the run waits: windows 1 and 2's files are still in the landing
         # folder, so without their units they would look like new input at its next poll.
         with psycopg.connect(pg_dsn) as conn:
             conn.execute(removal)
         time.sleep(2)  # several polls
         land(5)
-        _wait_completed(pg_dsn, 5, follow)
+        wait_completed(pg_dsn, 5, follow)
         time.sleep(2)  # more polls, with nothing new
         os.killpg(follow.pid, signal.SIGTERM)  # ends after its window
         _, err = follow.communicate(timeout=120)
@@ -102,7 +81,7 @@ def test_ledger_rows_removed_under_a_live_follow_run_never_take_input_twice(
             os.killpg(follow.pid, signal.SIGKILL)
     assert follow.returncode == 0, err[-3000:]
     # Five files, five windows: none planned twice, and every output exact (nothing doubled).
-    assert _windows(pg_dsn) == (5, 5)
+    assert windows(pg_dsn) == (5, 5)
     assert_exact(expected_outputs(landing), actual_outputs(pg_dsn, lake))
     with psycopg.connect(pg_dsn) as conn:
         units = conn.execute(

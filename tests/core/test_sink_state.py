@@ -10,7 +10,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -28,29 +27,9 @@ from onceflow.restate import restate_windows
 from onceflow.settings import Settings
 from tests.core.test_lost_lake import Landing, assert_postgres_consistent
 from tests.support.cli import CliRun, cli_env
+from tests.support.follow import wait_completed
 from tests.support.oracle import expected_outputs
 from tests.support.outputs import actual_outputs, assert_exact
-
-
-def _completed(dsn: str) -> int:
-    try:
-        with psycopg.connect(dsn) as conn:
-            row = conn.execute(
-                "SELECT count(*) FROM onceflow.windows WHERE completed_at IS NOT NULL"
-            ).fetchone()
-            return int(row[0]) if row else 0
-    except psycopg.errors.UndefinedTable:
-        return 0
-
-
-def _wait_completed(dsn: str, count: int, proc: subprocess.Popen, timeout: float = 240) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, "the follow run exited early"
-        if _completed(dsn) >= count:
-            return
-        time.sleep(0.3)
-    raise AssertionError(f"windows completed never reached {count}; have {_completed(dsn)}")
 
 
 @pytest.mark.slow
@@ -91,11 +70,11 @@ def test_a_lake_lost_under_a_live_follow_run_stops_it_and_reconcile_makes_it_exa
         start_new_session=True,
     )  # fmt: skip
     try:
-        _wait_completed(pg_dsn, 1, follow)
+        wait_completed(pg_dsn, 1, follow)
         backup = tmp_path / "lake-backup"
         shutil.copytree(lake, backup)  # holds window 1 at least
         land(4)
-        _wait_completed(pg_dsn, 4, follow)
+        wait_completed(pg_dsn, 4, follow)
         shutil.rmtree(lake)
         if damage == "older_copy":
             shutil.copytree(backup, lake)
