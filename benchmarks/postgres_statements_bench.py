@@ -69,7 +69,7 @@ def _balance_twins(
 
     balances = PAYMENTS.sink("pg_merchant_balances")
     twins = {t: dataclasses.replace(balances, name=t, table=t) for t in tables}
-    conn.execute(_markers.PROTOCOL_DDL)
+    _markers.create_protocol_tables(conn)
     for table, spec in twins.items():
         _create_table(conn, spec)
         conn.execute(
@@ -205,7 +205,7 @@ def contributions(dsn: str, rounds: int) -> dict[str, list[float]]:
     balances = PAYMENTS.sink("pg_merchant_balances")
     staging = sql.Identifier("public", "contribution_stage")
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(_markers.PROTOCOL_DDL)
+        _markers.create_protocol_tables(conn)
         conn.execute(
             "CREATE UNLOGGED TABLE contribution_stage (merchant_id text, currency text,"
             " total_cents numeric, payment_count numeric)"

@@ -1,5 +1,23 @@
 """The ledger's tables: created if missing, and columns older ledgers lack added once."""
 
+# Per-window detail a maintenance run dropped past the job's detail horizon
+# (`onceflow.maintain._detail`): through which window, and what the dropped lineage rows summed
+# to. A sink's windows through `through` can no longer be restated where restating reads that
+# detail (an accumulating sink's contributions), so the PostgreSQL sinks' protocol, which reads
+# it, creates it too (`Ledger.ensure_schema`, `PostgresGroup.prepare`).
+DETAIL_DDL = """
+CREATE TABLE IF NOT EXISTS onceflow.detail_pruned (
+    job text NOT NULL,
+    sink text NOT NULL,
+    through bigint NOT NULL,
+    windows bigint NOT NULL,
+    rows_written numeric NOT NULL,
+    last_version bigint,
+    pruned_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (job, sink)
+);
+"""
+
 DDL = """
 CREATE SCHEMA IF NOT EXISTS onceflow;
 CREATE TABLE IF NOT EXISTS onceflow.jobs (
@@ -95,20 +113,6 @@ CREATE TABLE IF NOT EXISTS onceflow.reconciliations (
     sink text NOT NULL,
     verified_through bigint NOT NULL,
     verified_at timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (job, sink)
-);
--- Per-window detail a maintenance run dropped past the job's detail horizon
--- (`onceflow.maintain._detail`): through which window, and what the dropped lineage rows summed
--- to. A sink's windows through `through` can no longer be restated where restating reads that
--- detail (an accumulating sink's contributions).
-CREATE TABLE IF NOT EXISTS onceflow.detail_pruned (
-    job text NOT NULL,
-    sink text NOT NULL,
-    through bigint NOT NULL,
-    windows bigint NOT NULL,
-    rows_written numeric NOT NULL,
-    last_version bigint,
-    pruned_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (job, sink)
 );
 -- An accumulating sink's state as a reconcile left it (`onceflow.sinks.postgres._baseline`).

@@ -23,7 +23,7 @@ from onceflow import faults
 from onceflow._identifiers import session_name
 from onceflow._ledger_requests import Abandonments, Restatement, Restatements
 from onceflow._ledger_schema import DDL as _DDL
-from onceflow._ledger_schema import VERIFIED_DDL
+from onceflow._ledger_schema import DETAIL_DDL, VERIFIED_DDL
 from onceflow.errors import FencedError, LedgerError
 from onceflow.lineage import ensure_view
 from onceflow.postgres import Sessions, connect, retrying
@@ -162,6 +162,7 @@ class Ledger(Restatements, Abandonments):
             # Concurrent CREATE ... IF NOT EXISTS can still collide on the catalog; serialise.
             conn.execute("SELECT pg_advisory_xact_lock(hashtext('onceflow.schema'))")
             conn.execute(_DDL)
+            conn.execute(DETAIL_DDL)
             conn.execute(VERIFIED_DDL)
             conn.execute(SINK_STATE_DDL)
             ensure_view(conn)

@@ -110,10 +110,10 @@ def test_end_to_end_equals_oracle_and_rerun_changes_nothing(
 
 
 def test_proxy_swallows_the_answer_of_a_committed_transaction(pg_dsn: str) -> None:
-    from onceflow.sinks.postgres._markers import PROTOCOL_DDL
+    from onceflow.sinks.postgres._markers import create_protocol_tables
 
     with psycopg.connect(pg_dsn) as conn:
-        conn.execute(PROTOCOL_DDL)
+        create_protocol_tables(conn)
     dbname = psycopg.conninfo.conninfo_to_dict(pg_dsn)["dbname"]
     with PgProxy(pg_dsn) as proxy:
         proxy.arm(b"sink-x")

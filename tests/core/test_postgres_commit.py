@@ -20,7 +20,7 @@ from onceflow.sinks.postgres._accumulate import (
     save_contribution,
     summed,
 )
-from onceflow.sinks.postgres._markers import PROTOCOL_DDL
+from onceflow.sinks.postgres._markers import create_protocol_tables
 from onceflow.sinks.postgres.spec import PostgresSink
 
 BALANCES = PostgresSink(
@@ -65,7 +65,7 @@ def test_the_protocol_tables_are_created_and_an_old_contributions_key_is_dropped
         conn.commit()
         assert "contributions_pkey" in _indexes(conn)
         for _ in range(2):  # created again over itself: nothing changes
-            conn.execute(PROTOCOL_DDL)
+            create_protocol_tables(conn)
             conn.commit()
             assert set(_indexes(conn)) == {"contributions_window"}
             assert "(job, sink, window_id)" in _indexes(conn)["contributions_window"]
@@ -96,7 +96,7 @@ def test_a_window_contributes_one_row_per_key_and_saving_it_again_replaces_it(
     pg_dsn: str,
 ) -> None:
     with psycopg.connect(pg_dsn) as conn:
-        conn.execute(PROTOCOL_DDL)
+        create_protocol_tables(conn)
         _stage(conn, [("m1", "EUR", 5, 1), ("m1", "EUR", 7, 1), ("m2", "USD", -3, 1)])
         save_contribution(conn, BALANCES, STAGING, "j", 4)
         first = _read(conn, 4)
@@ -134,7 +134,7 @@ def _by_first_key(keys: list[list[str]], amounts: list[list[int]]) -> tuple[list
 def test_contributions_of_earlier_versions_are_read_and_replaced(pg_dsn: str) -> None:
     with psycopg.connect(pg_dsn) as conn:
         conn.execute(_OLD_CONTRIBUTIONS)
-        conn.execute(PROTOCOL_DDL)
+        create_protocol_tables(conn)
         conn.execute(
             "INSERT INTO onceflow.contributions VALUES ('j', 'balances', 1, '[\"m2\", \"USD\"]',"
             " '[-4, 2]')"
@@ -167,7 +167,7 @@ def test_keys_of_every_type_read_back_as_they_were(pg_dsn: str) -> None:
     )
     row = ("2026-03-04", "2026-03-04T05:06:07.123456+05:30", -7, 'a "quoted", {odd} label', 10**30)
     with psycopg.connect(pg_dsn) as conn:
-        conn.execute(PROTOCOL_DDL)
+        create_protocol_tables(conn)
         conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(STAGING))
         conn.execute(
             sql.SQL(
@@ -238,7 +238,7 @@ def test_accumulating_gives_the_same_table_with_or_without_a_unique_key(pg_dsn: 
     tables: dict[str, list[tuple[object, ...]]] = {}
     recorded: dict[str, list[list[tuple[object, ...]]]] = {}
     with psycopg.connect(pg_dsn) as conn:
-        conn.execute(PROTOCOL_DDL)
+        create_protocol_tables(conn)
         for extra in (", PRIMARY KEY (merchant_id, currency)", ""):
             spec = _balances_table(conn, "acc_target", extra)
             results = []

@@ -137,7 +137,8 @@ def test_a_users_job_by_import_path_with_its_own_cadence(user_dg_project: Path) 
     keys = {k.to_user_string() for k in repo.asset_graph.get_all_asset_keys()}
     assert keys == {"orders_landing", "pg_orders", "orders_quarantine", "orders_recovery"}
     assert {s.name: s.cron_schedule for s in repo.schedule_defs} == {
-        "orders_reconcile_schedule": "*/15 * * * *"
+        "orders_reconcile_schedule": "*/15 * * * *",
+        "orders_maintenance_schedule": "30 3 * * *",
     }
     assert {s.name for s in repo.sensor_defs} == {
         f"orders_{kind}_sensor" for kind in ("new_data", "failure", "quality")

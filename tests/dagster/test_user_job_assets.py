@@ -61,6 +61,7 @@ def test_user_job_materialises_exactly(
         "orders_job",
         "orders_recovery_job",
         "orders_follow_job",
+        "orders_maintenance_job",  # its ledger detail: every job has some
     }
 
     write_orders(landing)

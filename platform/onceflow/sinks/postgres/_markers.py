@@ -12,6 +12,8 @@ from typing import Any
 
 import psycopg
 
+from onceflow._ledger_schema import DETAIL_DDL
+
 PROTOCOL_DDL = """
 CREATE SCHEMA IF NOT EXISTS onceflow;
 CREATE TABLE IF NOT EXISTS onceflow.sink_commits (
@@ -68,6 +70,13 @@ BEGIN
 END
 $$;
 """
+
+
+def create_protocol_tables(conn: psycopg.Connection) -> None:
+    """The protocol tables above, and the ledger's detail point the contributions' reads
+    consult (`onceflow.detail_pruned`), if missing."""
+    conn.execute(PROTOCOL_DDL)
+    conn.execute(DETAIL_DDL)
 
 
 _INSERT_MARKER = (

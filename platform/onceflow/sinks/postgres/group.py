@@ -39,7 +39,7 @@ from onceflow.sinks.base import (
 from onceflow.sinks.postgres import _compare
 from onceflow.sinks.postgres._accumulate import forget_contributions, has_contribution
 from onceflow.sinks.postgres._columns import count_rows, create_table, table_problems
-from onceflow.sinks.postgres._markers import PROTOCOL_DDL, marker_xids
+from onceflow.sinks.postgres._markers import create_protocol_tables, marker_xids
 from onceflow.sinks.postgres._quality import quality_targets
 from onceflow.sinks.postgres.commit import Applied, Staged, Transaction
 from onceflow.sinks.postgres.spec import PostgresSink
@@ -101,7 +101,7 @@ class PostgresGroup(SinkGroup):
             with connect(self.ctx.dsn) as conn:
                 # Concurrent CREATE ... IF NOT EXISTS can still collide on the catalog; serialise.
                 conn.execute("SELECT pg_advisory_xact_lock(hashtext('onceflow.schema'))")
-                conn.execute(PROTOCOL_DDL)
+                create_protocol_tables(conn)
                 for spec in self.specs:
                     create_table(conn, spec)
                 conn.commit()
