@@ -122,9 +122,8 @@ def prune_detail(ctx: JobContext, keep: timedelta, dry_run: bool) -> DetailPrune
             through = horizon if dry_run else min(horizon, before + CHUNK)
             if not dry_run:
                 faults.point("prune_locked")
-            lineage = _count_lineage(conn, ctx.job.name, through)
             dropped = sum(group.forget_detail(conn, through) for group in ctx.groups)
-            _fold_lineage(conn, ctx.job.name, sinks, through)
+            lineage = _fold_lineage(conn, ctx.job.name, sinks, through)
             return DetailPruned(through, before, lineage, dropped), horizon
 
     what = f"drop the ledger's detail (job {ctx.job.name})"
@@ -136,29 +135,25 @@ def prune_detail(ctx: JobContext, keep: timedelta, dry_run: bool) -> DetailPrune
     return DetailPruned(done.through, before, lineage, dropped)
 
 
-def _count_lineage(conn: psycopg.Connection, job: str, horizon: int) -> int:
-    row = conn.execute(
-        "SELECT count(*) FROM onceflow.sink_versions WHERE job = %s AND window_id <= %s",
-        (job, horizon),
-    ).fetchone()
-    return int(row[0]) if row else 0
-
-
-def _fold_lineage(conn: psycopg.Connection, job: str, sinks: list[str], horizon: int) -> None:
+def _fold_lineage(conn: psycopg.Connection, job: str, sinks: list[str], horizon: int) -> int:
     """Sum the lineage rows through `horizon` into each sink's summary, drop them, and record
-    the horizon for every sink of the job (those without lineage rows too)."""
-    conn.execute(
+    the horizon for every sink of the job (those without lineage rows too); return the rows
+    dropped (counted by the statement that drops them)."""
+    row = conn.execute(
         "WITH dropped AS (DELETE FROM onceflow.sink_versions WHERE job = %(job)s"
         "  AND window_id <= %(through)s RETURNING sink, version, rows_written),"
         " summed AS (SELECT s AS sink, count(d.sink) AS windows,"
         "  coalesce(sum(d.rows_written), 0) AS rows_written, max(d.version) AS last_version"
         "  FROM unnest(%(sinks)s::text[]) AS s LEFT JOIN dropped d ON d.sink = s GROUP BY s)"
-        " INSERT INTO onceflow.detail_pruned AS p"
+        " , kept AS (INSERT INTO onceflow.detail_pruned AS p"
         "  (job, sink, through, windows, rows_written, last_version)"
         " SELECT %(job)s, sink, %(through)s, windows, rows_written, last_version FROM summed"
         " ON CONFLICT (job, sink) DO UPDATE SET through = greatest(p.through, excluded.through),"
         "  windows = p.windows + excluded.windows,"
         "  rows_written = p.rows_written + excluded.rows_written,"
-        "  last_version = coalesce(excluded.last_version, p.last_version), pruned_at = now()",
+        "  last_version = coalesce(excluded.last_version, p.last_version), pruned_at = now()"
+        "  RETURNING 1)"
+        " SELECT (SELECT count(*) FROM dropped), (SELECT count(*) FROM kept)",
         {"job": job, "through": horizon, "sinks": sinks},
-    )
+    ).fetchone()
+    return int(row[0]) if row else 0
