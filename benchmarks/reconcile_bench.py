@@ -26,6 +26,7 @@ landing folder, then with them removed.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import os
 import statistics
@@ -193,6 +194,7 @@ def bench(
     maintained: bool = False,
     quality: bool = False,
     window_runs: bool = False,
+    profile: Path | None = None,
 ) -> dict[str, float]:
     root = work / f"h{windows}"
     settings = Settings(
@@ -268,14 +270,21 @@ def bench(
             if int(path.stem[1:]) <= windows:
                 path.unlink()
         runs = []
+        profiler = cProfile.Profile() if profile else None
         for i in range(repeat):
             wid = windows + repeat + 2 + i
             pq.write_table(_rows(wid), folder / f".f{wid:08d}.tmp")
             (folder / f".f{wid:08d}.tmp").rename(folder / f"f{wid:08d}.parquet")
             started = time.perf_counter()
+            if profiler is not None:
+                profiler.enable()
             result = runner.run(max_units_per_window=1)
+            if profiler is not None:
+                profiler.disable()
             runs.append(time.perf_counter() - started)
             assert len(result.windows) == 1, result
+        if profiler is not None and profile is not None:
+            profiler.dump_stats(str(profile / f"run_cleaned_{windows}.prof"))
         out["window_run_cleaned_s"] = statistics.median(runs)
     if full:
         report = reconcile(engine)
@@ -306,6 +315,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also time a run of one new window on each history",
     )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="with --runs: write a cProfile of the runs on cleaned input here (one file a size)",
+    )
     args = parser.parse_args(argv)
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
     import pgserver
@@ -331,6 +345,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.maintained,
                 args.quality,
                 args.runs,
+                args.profile,
             )
             print(size, {k: round(v, 3) for k, v in results[size].items()}, flush=True)
         base = results[min(results)]

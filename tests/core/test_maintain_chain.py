@@ -165,14 +165,23 @@ def test_maintenance_killed_at_random_while_payments_runs(
     rng = random.Random(53)
     run = CliRun(["run", "payments", "--max-files-per-window", "1"], env, home / "logs")
     killed = finished = 0
+    attempt = 0
+    took = 3.0  # how long the last maintenance that finished took
     while run.proc.poll() is None:
+        started = time.monotonic()
         maintain = CliRun(["maintain", "payments", "--orphan-age-s", "0"], env, home / "logs")
-        # A maintenance process takes a few seconds: some are killed mid-way, some finish.
-        time.sleep(rng.uniform(1.0, 12.0))
-        if maintain.proc.poll() is None:
-            maintain.kill_group()
-            killed += 1
-        finished += maintain.finish().returncode == 0
+        # Every other maintenance process is killed at a random point of what one takes
+        # (start-up, compaction, vacuum, log cleanup); the others finish.
+        if attempt % 2 == 1:
+            time.sleep(rng.uniform(0.3, 0.95) * took)
+            if maintain.proc.poll() is None:
+                maintain.kill_group()
+                killed += 1
+        outcome = maintain.finish()
+        if attempt % 2 == 0:
+            took = time.monotonic() - started
+        finished += outcome.returncode == 0
+        attempt += 1
     first = run.finish()
     # A maintenance that removed orphans fenced the run (exit 3): the next run finishes.
     assert first.returncode in (0, 3), first.stderr[-2000:]

@@ -50,8 +50,9 @@ def check_sinks_hold_completed(ctx: JobContext) -> None:
     job = ctx.job
     if job.guarantee is Guarantee.NONE:
         return
-    lacks = lacking(ctx, completed_unverified(ctx))
-    problems = {k: v for group in ctx.groups for k, v in group.state_problems().items()}
+    with ctx.pinned():
+        lacks = lacking(ctx, completed_unverified(ctx))
+        problems = {k: v for group in ctx.groups for k, v in group.state_problems().items()}
     if not lacks and not problems:
         return
     which = "; ".join(

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Sequence
-from contextlib import ExitStack
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING
 
 from onceflow import _ledger_verified as ledger_verified
@@ -183,6 +183,15 @@ class JobContext:
             _log.warning("job %s: rebuilt %d window(s) from the sinks", job.name, len(found))
         return sorted(found)
 
+    @contextmanager
+    def pinned(self) -> Iterator[None]:
+        """Read-only checks in a row see one snapshot of each sink's state (a Delta table's
+        load reads its whole checkpoint); nothing may commit to a sink inside."""
+        with ExitStack() as pins:
+            for group in self.groups:
+                pins.enter_context(group.pinned())
+            yield
+
     def check_retention(self) -> None:
         """Refuse when a sink may forget the commit records a replay or a rebuild needs."""
         oldest = self.ledger.oldest_planned_at()
@@ -199,9 +208,7 @@ class JobContext:
         self.prepare()
         # Read before the checks: removals noted while they run are looked at next time.
         verified, notes = ledger_verified.read(self.ledger)
-        with ExitStack() as pins:  # read-only checks: one snapshot of each sink's state
-            for group in self.groups:
-                pins.enter_context(group.pinned())
+        with self.pinned():
             self.rebuild_ledger(verified)
             self.check_retention()
             floor = max(self.sink_epoch_floor(), self.ledger.epoch_floor())

@@ -90,6 +90,9 @@ class DeltaTableSink:
     @contextmanager
     def pinned(self) -> Iterator[None]:
         """Read-only checks in a row share one snapshot: each load lists the whole log."""
+        if self._pinned is not None:  # within an outer pin: its snapshot
+            yield
+            return
         self._pinned = self.table() if self.exists() else None
         try:
             yield
