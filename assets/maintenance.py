@@ -89,6 +89,7 @@ def build_maintenance(spec: Job, *, cron: str = MAINTENANCE_CRON) -> tuple[Any, 
                     "ledger_detail_through_window": MetadataValue.int(detail.through),
                     "lineage_rows_dropped": MetadataValue.int(detail.lineage_rows),
                     "contribution_rows_dropped": MetadataValue.int(detail.contribution_rows),
+                    "commit_markers_folded": MetadataValue.int(detail.folded_records),
                 },
             )
 

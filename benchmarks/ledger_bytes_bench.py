@@ -55,6 +55,29 @@ def measure(dsn: str) -> dict[str, tuple[int, int]]:
     return out
 
 
+def window_columns(dsn: str) -> dict[str, float]:
+    """Column → the average `pg_column_size` of it over the job's `windows` rows."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        columns = [
+            str(name)
+            for (name,) in conn.execute(
+                "SELECT column_name FROM information_schema.columns WHERE table_schema ="
+                " 'onceflow' AND table_name = 'windows' ORDER BY ordinal_position"
+            )
+        ]
+        row = conn.execute(
+            sql.SQL("SELECT {} FROM onceflow.windows WHERE job = %s").format(
+                sql.SQL(", ").join(
+                    sql.SQL("coalesce(avg(pg_column_size({})), 0)").format(sql.Identifier(c))
+                    for c in columns
+                )
+            ),
+            (JOB,),
+        ).fetchone()
+    assert row is not None
+    return {c: float(v) for c, v in zip(columns, row, strict=True)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--windows", type=int, default=40)
@@ -102,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{table:<22} {rb / n:>11.2f} {bb / n:>12.0f} {ra / n:>10.2f} {ba / n:>11.0f}")
         print(f"{'all':<22} {'':>11} {totals[0] / n:>12.0f} {'':>10} {totals[1] / n:>11.0f}")
         print("(row data only: each row adds about 24 bytes of header and its index entries)")
+        print("\nthe columns of a `windows` row (average bytes):")
+        for column, size in window_columns(dsn).items():
+            print(f"  {column:<20} {size:>6.0f}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

@@ -51,6 +51,8 @@ LEDGER_TABLES = (
     "dedupe_keys",
     "dedupe_windows",
     "sink_commits",
+    "sink_commits_folded",
+    "sink_commits_verified",
     "restate_commits",
     "window_contributions",
     "contributions",

@@ -8,6 +8,7 @@ The payments job: the `payments` Delta and PostgreSQL sinks, the accumulating `b
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import threading
@@ -28,11 +29,13 @@ from onceflow.maintain import _detail
 from onceflow.registry import get_job
 from onceflow.restate import restate_windows
 from onceflow.settings import Settings
+from onceflow.sinks.postgres import PostgresSink
+from onceflow.sinks.postgres._markers import Marker
 from tests.core.test_restate import _cli_env, _flat_fee_expected
 from tests.support.cli import CliRun
 from tests.support.flat_fee_payments import FLAT_FEE
 from tests.support.oracle import expected_outputs, visible_files
-from tests.support.outputs import actual_outputs, assert_exact
+from tests.support.outputs import actual_outputs, assert_exact, diff_outputs
 
 JOB = "payments"
 
@@ -48,8 +51,47 @@ def _counts(dsn: str) -> dict[str, int]:
                     (JOB,),
                 ).fetchone()[0]  # type: ignore[index]
             )
-            for table in ("sink_versions", "window_contributions", "windows", "sink_commits")
+            for table in (
+                "sink_versions",
+                "window_contributions",
+                "windows",
+                "sink_commits",
+                "sink_commits_folded",
+            )
         }
+
+
+def _marker_answers(settings: Settings, pg_dsn: str, spark: Any) -> dict[str, Any]:
+    """Everything the PostgreSQL sinks' markers answer: which windows each sink holds, its last
+    window and highest epoch, the windows a rebuild would put back (with their offsets and
+    epochs), the status counts, the reconcile baseline's count and id sum at every point."""
+    from onceflow.sinks.postgres._baseline import _facts
+    from onceflow.sinks.postgres.group import PostgresGroup
+
+    engine = Engine(get_job(JOB), settings, spark, pg_dsn)
+    (group,) = [g for g in engine.groups if isinstance(g, PostgresGroup)]
+    with psycopg.connect(pg_dsn) as conn:
+        facts = {
+            (spec.name, through): conn.execute(
+                sql.SQL("SELECT {}").format(_facts(spec, JOB, sql.Literal(through)))
+            ).fetchone()[:2]  # type: ignore[index]
+            for spec in group.specs
+            for through in range(0, 8)
+        }
+        sink = group.specs[0].name
+        exists = [Marker(JOB, sink, w).exists(conn) for w in range(0, 8)]
+    return {
+        "held": group.held(range(0, 8)),
+        "through": group.committed_through(),
+        "epoch": group.epoch_floor(),
+        "recorded": sorted(
+            (r.window_id, r.epoch, str(r.offsets)) for r in group.recorded_windows()
+        ),
+        "recorded_after_2": sorted(r.window_id for r in group.recorded_windows(after=2)),
+        "status": group.status(),
+        "facts": facts,
+        "exists": exists,
+    }
 
 
 def _pruned(dsn: str) -> dict[str, tuple[int, int, int]]:
@@ -85,6 +127,9 @@ def test_detail_past_the_horizon_goes_its_sums_stay_and_restating_it_is_refused(
     Engine(job, settings, spark, pg_dsn).run(max_units_per_window=1)  # windows 1-4
     before = _counts(pg_dsn)
     lineage = _lineage_sums(pg_dsn)
+    answers = _marker_answers(settings, pg_dsn, spark)
+    assert answers["exists"] == [False, True, True, True, True, False, False, False]
+    assert len(answers["recorded"]) == 4 * len(answers["status"])
     assert before["window_contributions"] == 4 and before["sink_versions"] > 0
 
     # Windows planned within the default month keep everything.
@@ -95,6 +140,7 @@ def test_detail_past_the_horizon_goes_its_sums_stay_and_restating_it_is_refused(
     dry = ops.maintain(job, settings, dsn=pg_dsn, jobs=[job], dry_run=True, keep_detail_days=0)
     assert (dry.detail.through, dry.detail.lineage_rows) == (4, before["sink_versions"])
     assert dry.detail.contribution_rows == 4
+    assert dry.detail.folded_records == before["sink_commits"]
     assert _counts(pg_dsn) == before and _pruned(pg_dsn) == {}
 
     monkeypatch.setattr(_detail, "CHUNK", 3)  # windows 1-3, then 4: two transactions
@@ -104,11 +150,15 @@ def test_detail_past_the_horizon_goes_its_sums_stay_and_restating_it_is_refused(
         "before": 0,
         "lineage_rows": before["sink_versions"],
         "contribution_rows": 4,
+        "folded_records": before["sink_commits"],
     }
     after = _counts(pg_dsn)
     assert after["sink_versions"] == 0 and after["window_contributions"] == 0
-    # The plan and the markers, what recovery reads, stay whole.
-    assert after["windows"] == before["windows"] and after["sink_commits"] == before["sink_commits"]
+    # The plan stays whole; the markers are folded (a row per sink and transaction), and
+    # answer every reader as they did.
+    assert after["windows"] == before["windows"] and after["sink_commits"] == 0
+    assert after["sink_commits_folded"] == 2 * len(answers["status"])
+    assert _marker_answers(settings, pg_dsn, spark) == answers
     pruned = _pruned(pg_dsn)
     assert {s: (w, r) for s, (_, w, r) in pruned.items() if w} == lineage
     assert {t for t, _, _ in pruned.values()} == {4}
@@ -216,6 +266,49 @@ def test_detail_dropped_again_and_again_while_a_run_commits_its_windows(
     last = ops.maintain(job, settings, dsn=pg_dsn, jobs=[job], keep_detail_days=0)
     assert last.detail.through == 6 and _counts(pg_dsn)["window_contributions"] == 0
     assert ops.validate(job, settings, spark=spark, dsn=pg_dsn).passed
+
+
+def test_a_lost_ledger_is_rebuilt_from_folded_markers_and_no_input_is_taken_twice(
+    spark: Any, settings: Settings, pg_dsn: str, landing: Path, lake: Path
+) -> None:
+    """The payments job without its Delta sink (the markers are the only record of its
+    windows): windows folded by maintenance, then the ledger's plan and unit index lost. The
+    next run puts the folded windows back as they were and plans only the new file."""
+    pg_only = dataclasses.replace(
+        get_job(JOB),
+        dedupe=None,  # the key index keeps its state in a Delta sink: no duplicates here
+        sinks=tuple(s for s in get_job(JOB).sinks if isinstance(s, PostgresSink)),
+    )
+    generate_payments(landing, records=800, files=4, duplicate_rate=0, invalid_rate=0.1, seed=17)
+    Engine(pg_only, settings, spark, pg_dsn).run(max_units_per_window=1)  # windows 1-4
+    plan = {
+        w.window_id: (w.offsets, w.epoch)
+        for w in Engine(pg_only, settings, spark, pg_dsn).ledger.windows()
+    }
+    markers = _counts(pg_dsn)["sink_commits"]
+    assert markers == 4 * 3  # pg_payments, pg_merchant_balances, the quarantine
+    done = ops.maintain(pg_only, settings, dsn=pg_dsn, jobs=[pg_only], keep_detail_days=0)
+    assert done.detail.folded_records == markers and _counts(pg_dsn)["sink_commits"] == 0
+
+    with psycopg.connect(pg_dsn) as conn:
+        for table in ("windows", "source_units"):
+            conn.execute(sql.SQL("DROP TABLE {} CASCADE").format(sql.Identifier("onceflow", table)))
+    generate_payments(landing, records=200, files=1, duplicate_rate=0, seed=18)
+    files = visible_files(landing)
+    result = Engine(pg_only, settings, spark, pg_dsn).run(max_units_per_window=1)
+    assert [w.window_id for w in result.windows if not w.noop] == [5], result
+
+    rebuilt = Engine(pg_only, settings, spark, pg_dsn).ledger.windows()
+    assert {w.window_id: (w.offsets, w.epoch) for w in rebuilt if w.window_id <= 4} == plan
+    diffs = diff_outputs(
+        expected_outputs(landing, windows=[[f] for f in files]), actual_outputs(pg_dsn, lake)
+    )
+    assert {name: (d.lost, d.doubled, d.extra, d.changed) for name, d in diffs.items()} == {
+        "delta payments": (diffs["delta payments"].lost, 0, 0, 0),  # no Delta sink here
+        "pg payments": (0, 0, 0, 0),
+        "merchant_balances": (0, 0, 0, 0),
+        "quarantine": (0, 0, 0, 0),
+    }
 
 
 def _waiting_for_a_lock(dsn: str) -> bool:

@@ -22,6 +22,7 @@ from onceflow.ledger import Ledger
 from onceflow.quality import ValidationReport, validate
 from onceflow.quality._gx import sqlalchemy_url
 from onceflow.sinks.delta._quality import DeltaTableTarget
+from onceflow.sinks.postgres._markers import create_protocol_tables
 from onceflow.sinks.postgres._quality import PostgresTableTarget, SumConsistency
 
 JOB = "payments"
@@ -29,13 +30,6 @@ APP_ID = "onceflow/payments/lake_payments"
 REPO = Path(__file__).resolve().parents[2]
 
 DDL = """
-CREATE SCHEMA IF NOT EXISTS onceflow;
-CREATE TABLE IF NOT EXISTS onceflow.sink_commits (job text, sink text, window_id bigint, epoch bigint NOT NULL,
-  xid xid8 NOT NULL, run_id text, offsets jsonb NOT NULL, rows_written bigint NOT NULL,
-  committed_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (job, sink, window_id));
-CREATE TABLE IF NOT EXISTS onceflow.restate_commits (job text, sink text, seq bigint, xid xid8 NOT NULL,
-  rows_written bigint NOT NULL, committed_at timestamptz NOT NULL DEFAULT now(),
-  PRIMARY KEY (job, sink, seq));
 CREATE TABLE onceflow.quarantine (job text NOT NULL, window_id bigint NOT NULL,
   source_file text NOT NULL, source_line bigint NOT NULL, raw_line text NOT NULL,
   reason text NOT NULL, quarantined_at timestamptz NOT NULL DEFAULT now(),
@@ -160,6 +154,7 @@ def fill(dsn: str, lake: Path, n: int, windows: int) -> Sinks:
     rows = table.to_pylist()
     Ledger(dsn, JOB).ensure_schema()  # the ledger's own tables, as a run creates them
     with psycopg.connect(dsn) as conn:
+        create_protocol_tables(conn)  # the markers' tables, as the sinks' group creates them
         conn.execute(DDL)
         copy_sql = sql.SQL("COPY public.payments ({}) FROM STDIN").format(
             sql.SQL(", ").join(map(sql.Identifier, PAYMENT_COLUMNS))

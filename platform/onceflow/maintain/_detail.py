@@ -16,8 +16,11 @@ as every commit does: no commit or restatement of the job runs between the horiz
 the drop, and a restatement's commit that comes after it sees the point (it checks again under
 that row).
 
-What the recovery paths read stays: the windows' plans and units, the sinks' commit markers,
-the key index (a start-up, a replay, a reconcile and a rebuild need them whatever the age).
+What the recovery paths read stays: the windows' plans and units, the key index (a start-up,
+a replay, a reconcile and a rebuild need them whatever the age), and the sinks' commit
+records, though a PostgreSQL sink's markers of those windows are folded into a row per run of
+windows (`SinkGroup.fold_records`, `onceflow.sinks.postgres._folded`) that answers every
+reader of them.
 """
 
 from __future__ import annotations
@@ -62,12 +65,14 @@ class DetailPruned:
         before: The horizon before this run.
         lineage_rows: `sink_versions` rows dropped (summed into `onceflow.detail_pruned`).
         contribution_rows: Accumulating sinks' contribution rows dropped.
+        folded_records: Commit records folded into range rows (PostgreSQL sinks' markers).
     """
 
     through: int
     before: int
     lineage_rows: int = 0
     contribution_rows: int = 0
+    folded_records: int = 0
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -75,6 +80,7 @@ class DetailPruned:
             "before": self.before,
             "lineage_rows": self.lineage_rows,
             "contribution_rows": self.contribution_rows,
+            "folded_records": self.folded_records,
         }
 
     def line(self, dry_run: bool) -> str:
@@ -84,7 +90,9 @@ class DetailPruned:
         return (
             f"ledger detail: {verb} windows {self.before + 1}..{self.through}'s "
             f"{self.lineage_rows} lineage row(s) and {self.contribution_rows} contribution "
-            "row(s) (their sums kept in onceflow.detail_pruned)"
+            f"row(s) (their sums kept in onceflow.detail_pruned); "
+            f"{'would fold' if dry_run else 'folded'} {self.folded_records} commit marker(s) "
+            "into range rows"
         )
 
 
@@ -123,16 +131,25 @@ def prune_detail(ctx: JobContext, keep: timedelta, dry_run: bool) -> DetailPrune
             if not dry_run:
                 faults.point("prune_locked")
             dropped = sum(group.forget_detail(conn, through) for group in ctx.groups)
+            folded = sum(group.fold_records(conn, through) for group in ctx.groups)
             lineage = _fold_lineage(conn, ctx.job.name, sinks, through)
-            return DetailPruned(through, before, lineage, dropped), horizon
+            return DetailPruned(through, before, lineage, dropped, folded), horizon
 
     what = f"drop the ledger's detail (job {ctx.job.name})"
     done, horizon = retrying(attempt, what=what, dsn=ctx.dsn)
-    before, lineage, dropped = done.before, done.lineage_rows, done.contribution_rows
+    before, total = done.before, done
     while done.through < horizon:  # a horizon read lower meanwhile (a restatement) ends it
         done, horizon = retrying(attempt, what=what, dsn=ctx.dsn)
-        lineage, dropped = lineage + done.lineage_rows, dropped + done.contribution_rows
-    return DetailPruned(done.through, before, lineage, dropped)
+        total = DetailPruned(
+            done.through,
+            before,
+            total.lineage_rows + done.lineage_rows,
+            total.contribution_rows + done.contribution_rows,
+            total.folded_records + done.folded_records,
+        )
+    return DetailPruned(
+        done.through, before, total.lineage_rows, total.contribution_rows, total.folded_records
+    )
 
 
 def _fold_lineage(conn: psycopg.Connection, job: str, sinks: list[str], horizon: int) -> int:

@@ -51,9 +51,15 @@ def check_sinks_hold_completed(ctx: JobContext) -> None:
     if job.guarantee is Guarantee.NONE:
         return
     with ctx.pinned():
-        lacks = lacking(ctx, completed_unverified(ctx))
+        windows = completed_unverified(ctx)
+        through = max((w.window_id for w in windows), default=0)
+        # Taken before the check: a record removed after it changes what the next one finds.
+        marks = [(group, group.held_mark(through)) for group in ctx.groups] if through else []
+        lacks = lacking(ctx, windows)
         problems = {k: v for group in ctx.groups for k, v in group.state_problems().items()}
     if not lacks and not problems:
+        for group, mark in marks:
+            group.record_held(through, mark)
         return
     which = "; ".join(
         [f"{name} lacks windows {format_windows(ids)}" for name, ids in lacks.items()]

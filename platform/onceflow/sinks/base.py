@@ -101,9 +101,21 @@ class SinkGroup(ABC):
         return nullcontext()
 
     def held_floor(self) -> int:
-        """A window id through which `held` would say every sink of the group holds every
-        window it is asked about, told without listing them (0: ask about every window)."""
+        """A window id through which every sink of the group holds every completed window
+        the ledger expects of it, told without listing them: what `held` would say (a Delta
+        table's app transaction), or the point a passed check verified while nothing since
+        could have changed its answer (`record_held`). 0: ask about every window."""
         return 0
+
+    def held_mark(self, through: int) -> Any:
+        """Taken just before a check that the group's sinks hold every completed window
+        through `through`, and handed to `record_held` once it passed (a group whose
+        `held_floor` is the point its last passed check verified). None by default."""
+        return None
+
+    def record_held(self, through: int, mark: Any) -> None:
+        """The check `mark` was taken for passed (`held_mark`). Nothing by default."""
+        return None
 
     def state_problems(self) -> dict[str, str]:
         """For each sink not in the state the ledger expects, beyond windows it lacks (`held`
@@ -181,6 +193,13 @@ class SinkGroup(ABC):
     @abstractmethod
     def check_restate(self, window: Window) -> None:
         """Raise SinkError if `window` cannot be restated here (checked before any change)."""
+
+    def fold_records(self, conn: psycopg.Connection, through: int) -> int:
+        """Fold the per-window commit records of windows through `through` into fewer rows
+        that still answer every reader of them (which windows the sinks hold, what a rebuild
+        puts back); return the records folded. Called by maintenance with `forget_detail`, in
+        the same transaction. None by default (a Delta table's log is its own)."""
+        return 0
 
     def forget_detail(self, conn: psycopg.Connection, through: int) -> int:
         """Drop the per-window records of windows through `through` that only restating them

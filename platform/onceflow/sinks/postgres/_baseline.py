@@ -20,6 +20,7 @@ from psycopg import sql
 
 from onceflow._pgcopy import check_epoch_in
 from onceflow.sinks.postgres._accumulate import _key_text, array_rows, target_table
+from onceflow.sinks.postgres._folded import held_count_and_sum
 from onceflow.sinks.postgres.spec import PostgresSink, spark_schema
 
 if TYPE_CHECKING:
@@ -35,17 +36,13 @@ def supported(spec: PostgresSink) -> bool:
 def _facts(spec: PostgresSink, job: str, through: sql.Composable) -> sql.Composable:
     """The markers' count and id sum through `through`, the last restatement, the table."""
     return sql.SQL(
-        "(SELECT count(*) FROM onceflow.sink_commits WHERE job = {job} AND sink = {sink}"
-        " AND window_id <= {through}),"
-        " (SELECT coalesce(sum(window_id), 0) FROM onceflow.sink_commits"
-        "  WHERE job = {job} AND sink = {sink} AND window_id <= {through}),"
-        " (SELECT coalesce(max(seq), 0) FROM onceflow.restate_commits"
+        "{held}, (SELECT coalesce(max(seq), 0) FROM onceflow.restate_commits"
         "  WHERE job = {job} AND sink = {sink}),"
         " to_regclass(format('%I.%I', {schema}, {table}))::oid"
     ).format(
+        held=held_count_and_sum(job, spec.name, through),
         job=sql.Literal(job),
         sink=sql.Literal(spec.name),
-        through=through,
         schema=sql.Literal(spec.schema),
         table=sql.Literal(spec.table),
     )

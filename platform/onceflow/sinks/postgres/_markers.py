@@ -13,6 +13,8 @@ from typing import Any
 import psycopg
 
 from onceflow._ledger_schema import DETAIL_DDL
+from onceflow.sinks.postgres._folded import FOLDED_DDL, folded_holds
+from onceflow.sinks.postgres._held import VERIFIED_DDL
 
 PROTOCOL_DDL = """
 CREATE SCHEMA IF NOT EXISTS onceflow;
@@ -73,9 +75,12 @@ $$;
 
 
 def create_protocol_tables(conn: psycopg.Connection) -> None:
-    """The protocol tables above, and the ledger's detail point the contributions' reads
-    consult (`onceflow.detail_pruned`), if missing."""
+    """The protocol tables above, the folded markers (`_folded`), the verified point
+    (`_held`), and the ledger's detail
+    point the contributions' reads consult (`onceflow.detail_pruned`), if missing."""
     conn.execute(PROTOCOL_DDL)
+    conn.execute(FOLDED_DDL)
+    conn.execute(VERIFIED_DDL)
     conn.execute(DETAIL_DDL)
 
 
@@ -114,18 +119,21 @@ class Marker:
         return None if row is None else int(row[0])
 
     def exists(self, conn: psycopg.Connection) -> bool:
-        if self.restate_seq is None:
-            query = (
-                "SELECT 1 FROM onceflow.sink_commits"
-                " WHERE job = %s AND sink = %s AND window_id = %s"
-            )
-            params: tuple[Any, ...] = (self.job, self.sink, self.window_id)
-        else:
+        if self.restate_seq is not None:
             query = (
                 "SELECT 1 FROM onceflow.restate_commits WHERE job = %s AND sink = %s AND seq = %s"
             )
-            params = (self.job, self.sink, self.restate_seq)
-        return conn.execute(query, params).fetchone() is not None
+            return (
+                conn.execute(query, (self.job, self.sink, self.restate_seq)).fetchone() is not None
+            )
+        query = (
+            "SELECT 1 FROM onceflow.sink_commits WHERE job = %s AND sink = %s AND window_id = %s"
+        )
+        params: tuple[Any, ...] = (self.job, self.sink, self.window_id)
+        # A window past the detail horizon may have its marker folded (`_folded`).
+        return conn.execute(query, params).fetchone() is not None or folded_holds(
+            conn, self.job, self.sink, self.window_id
+        )
 
     def insert(
         self,

@@ -32,6 +32,8 @@ _MARKER_ROWS = """
 SELECT (coalesce((SELECT sum(rows_written) FROM onceflow.sink_commits
                   WHERE job = %(job)s AND sink = %(sink)s), 0)
       + coalesce((SELECT sum(rows_written) FROM onceflow.restate_commits
+                  WHERE job = %(job)s AND sink = %(sink)s), 0)
+      + coalesce((SELECT sum(rows_written) FROM onceflow.sink_commits_folded
                   WHERE job = %(job)s AND sink = %(sink)s), 0))::bigint
 """
 

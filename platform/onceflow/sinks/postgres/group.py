@@ -36,7 +36,7 @@ from onceflow.sinks.base import (
     TableFacts,
     WindowWrite,
 )
-from onceflow.sinks.postgres import _compare
+from onceflow.sinks.postgres import _compare, _folded, _held
 from onceflow.sinks.postgres._accumulate import forget_contributions, has_contribution
 from onceflow.sinks.postgres._columns import count_rows, create_table, table_problems
 from onceflow.sinks.postgres._markers import create_protocol_tables, marker_xids
@@ -79,6 +79,7 @@ class PostgresGroup(SinkGroup):
         self.job = ctx.job.name
         self._tx = Transaction(self.job, ctx.dsn, ctx.ledger)
         self.state = SinkState(ctx.ledger)
+        self._verified: _held.HeldPoints | None = None  # the last `held_floor` read
 
     @property
     def _exactly_once(self) -> bool:
@@ -162,7 +163,12 @@ class PostgresGroup(SinkGroup):
         def forget(conn: Any) -> None:
             # The markers and contributions of a table that is gone describe nothing now; the
             # windows are put back into the table there is, through the commit protocol.
-            for table in ("sink_commits", "restate_commits", "window_contributions"):
+            for table in (
+                "sink_commits",
+                "sink_commits_folded",
+                "restate_commits",
+                "window_contributions",
+            ):
                 conn.execute(
                     sql.SQL("DELETE FROM {} WHERE job = %s AND sink = ANY(%s)").format(
                         sql.Identifier("onceflow", table)
@@ -181,11 +187,22 @@ class PostgresGroup(SinkGroup):
         row = self._read(
             "read the sinks' highest epoch",
             lambda conn: conn.execute(
-                "SELECT coalesce(max(epoch), 0) FROM onceflow.sink_commits WHERE job = %s",
-                (self.job,),
+                "SELECT greatest((SELECT max(epoch) FROM onceflow.sink_commits WHERE job = %s),"
+                " (SELECT max(max_epoch) FROM onceflow.sink_commits_folded WHERE job = %s), 0)",
+                (self.job, self.job),
             ).fetchone(),
         )
         return int(row[0]) if row else 0
+
+    def _summary(self, what: str) -> dict[str, tuple[int, int]]:
+        """Per sink: the windows its markers (folded or not) hold, and the last one."""
+        rows = self._read(
+            what,
+            lambda conn: conn.execute(
+                _folded.SUMMARY, {"job": self.job, "sinks": list(self.by_name)}
+            ).fetchall(),
+        )
+        return {str(s): (int(n), int(w)) for s, n, w, _ in rows}
 
     def claim_epoch(self, epoch: int) -> None:
         # PostgreSQL sinks are fenced by the ledger's job row, which the new epoch has taken.
@@ -193,19 +210,21 @@ class PostgresGroup(SinkGroup):
 
     # -- commit records -----------------------------------------------------------------------
 
-    def _markers(self, window_ids: Sequence[int] | None, after: int = 0) -> list[tuple[Any, ...]]:
-        query = (
-            "SELECT sink, window_id, epoch, offsets FROM onceflow.sink_commits"
-            " WHERE job = %s AND sink = ANY(%s) AND window_id > %s"
-        )
-        params: list[Any] = [self.job, list(self.by_name), after]
-        if window_ids is not None:
-            query += " AND window_id = ANY(%s)"
-            params.append(list(window_ids))
+    def _markers(self, after: int = 0) -> list[tuple[Any, ...]]:
+        """(sink, window, epoch, offsets) of every marker above `after`, the folded ones too."""
+        sinks = list(self.by_name)
 
         def read(conn: Any) -> list[tuple[Any, ...]]:
+            # The rows before the folded ones: a fold committing in between makes a window
+            # read twice, never missed.
             with conn.cursor(row_factory=tuple_row) as cur:
-                return cur.execute(query, params).fetchall()
+                rows = cur.execute(
+                    "SELECT sink, window_id, epoch, offsets FROM onceflow.sink_commits"
+                    " WHERE job = %s AND sink = ANY(%s) AND window_id > %s",
+                    (self.job, sinks, after),
+                ).fetchall()
+            folded = _folded.folded_records(conn, self.job, sinks, after)
+            return rows + [(s, m["window"], m["epoch"], m["offsets"]) for s, m in folded]
 
         return self._read("read the commit markers", read)
 
@@ -217,34 +236,55 @@ class PostgresGroup(SinkGroup):
         held: dict[str, set[int]] = {
             name: set() if name in replaced else set(ids) for name in self.by_name
         }
+        sinks = sorted(set(self.by_name) - replaced)
         rows = self._read(
             "read which windows the sinks lack",
-            lambda conn: conn.execute(
-                "SELECT s, w FROM unnest(%s::text[]) AS s, unnest(%s::bigint[]) AS w"
-                " WHERE NOT EXISTS (SELECT 1 FROM onceflow.sink_commits c"
-                " WHERE c.job = %s AND c.sink = s AND c.window_id = w)",
-                (sorted(set(self.by_name) - replaced), ids, self.job),
-            ).fetchall(),
+            lambda conn: _folded.lacking(conn, self.job, sinks, ids),
         )
         for sink, wid in rows:
             held[str(sink)].discard(int(wid))
         return held
 
-    def committed_through(self) -> dict[str, int]:
-        rows = self._read(
-            "read the last committed windows",
-            lambda conn: conn.execute(
-                "SELECT sink, max(window_id) FROM onceflow.sink_commits"
-                " WHERE job = %s AND sink = ANY(%s) GROUP BY sink",
-                (self.job, list(self.by_name)),
-            ).fetchall(),
+    def held_floor(self) -> int:
+        # The point the last passed check verified, while the markers through it are as they
+        # were and no table was replaced (`_held`).
+        sinks = list(self.by_name)
+        self._verified = (
+            None
+            if self._replaced()
+            else self._read(
+                "read the sinks' verified point", lambda conn: _held.floor(conn, self.job, sinks)
+            )
         )
+        return self._verified.through if self._verified else 0
+
+    def held_mark(self, through: int) -> Any:
+        sinks, verified = list(self.by_name), self._verified
+        if verified is not None and through >= verified.through:
+            # The counts through the floor were just taken (`held_floor`): add the ones above.
+            return self._read(
+                "count the newer commit markers",
+                lambda conn: verified.count_from(conn, self.job, through),
+            )
+        return self._read(
+            "count the commit markers",
+            lambda conn: _held.marker_counts(conn, self.job, sinks, through),
+        )
+
+    def record_held(self, through: int, mark: Any) -> None:
+        self.ctx.ledger.write(
+            "record the sinks' verified point",
+            lambda conn: _held.record(conn, self.job, through, mark),
+        )
+
+    def committed_through(self) -> dict[str, int]:
         through = {name: 0 for name in self.by_name}
-        through.update({str(s): int(w) for s, w in rows})
+        summary = self._summary("read the last committed windows")
+        through.update({s: w for s, (_, w) in summary.items()})
         return through
 
     def recorded_windows(self, after: int = 0) -> list[RecordedWindow]:
-        return [RecordedWindow(int(w), o, int(e)) for _, w, e, o in self._markers(None, after)]
+        return [RecordedWindow(int(w), o, int(e)) for _, w, e, o in self._markers(after)]
 
     def commit_records(self, window_ids: Sequence[int]) -> dict[str, dict[int, CommitRecord]]:
         # The marker was written by the transaction that committed the window: its xid is the
@@ -445,6 +485,9 @@ class PostgresGroup(SinkGroup):
                     "found to restate them; declare one in the sink."
                 )
 
+    def fold_records(self, conn: psycopg.Connection, through: int) -> int:
+        return _folded.fold(conn, self.job, list(self.by_name), through)
+
     def forget_detail(self, conn: psycopg.Connection, through: int) -> int:
         accumulating = [s.name for s in self.specs if s.mode == "accumulate"]
         if not accumulating:
@@ -529,15 +572,7 @@ class PostgresGroup(SinkGroup):
         )
 
     def status(self) -> dict[str, dict[str, Any]]:
-        rows = self._read(
-            "read the commit state",
-            lambda conn: conn.execute(
-                "SELECT sink, count(*), coalesce(max(window_id), 0) FROM onceflow.sink_commits"
-                " WHERE job = %s AND sink = ANY(%s) GROUP BY sink",
-                (self.job, list(self.by_name)),
-            ).fetchall(),
-        )
-        counts = {str(s): (int(n), int(w)) for s, n, w in rows}
+        counts = self._summary("read the commit state")
         return {
             spec.name: {
                 "kind": self.kind,
