@@ -55,9 +55,6 @@ CREATE INDEX IF NOT EXISTS sink_commits_folded_by_last
 # stays short (a late marker far below the rest folds into a row of its own).
 MAX_GAP = 64
 
-# The windows a folded row holds: its range but the lacking ones.
-_HOLDS = "(f.first_window <= {w} AND f.last_window >= {w} AND {w} <> ALL(f.lacking))"
-
 
 def fold(conn: psycopg.Connection, job: str, sinks: Sequence[str], through: int) -> int:
     """Fold the markers of `sinks` for windows through `through` into range rows, in the
@@ -140,12 +137,18 @@ def folded_records(
                 yield str(sink), marker
 
 
-def folded_holds(conn: psycopg.Connection, job: str, sink: str, window_id: int) -> bool:
-    """Whether a folded row of the sink holds the window."""
-    query = sql.SQL(
-        "SELECT 1 FROM onceflow.sink_commits_folded f WHERE f.job = %s AND f.sink = %s AND "
-    ) + sql.SQL(_HOLDS).format(w=sql.Placeholder())
-    return conn.execute(query, (job, sink, window_id, window_id, window_id)).fetchone() is not None
+def marker_holds(conn: psycopg.Connection, job: str, sink: str, window_id: int) -> bool:
+    """Whether a marker of the sink, folded or not, holds the window (one round trip: every
+    commit asks it of a window that has none)."""
+    row = conn.execute(
+        "SELECT EXISTS (SELECT 1 FROM onceflow.sink_commits"
+        "  WHERE job = %(job)s AND sink = %(sink)s AND window_id = %(w)s)"
+        " OR EXISTS (SELECT 1 FROM onceflow.sink_commits_folded f"
+        "  WHERE f.job = %(job)s AND f.sink = %(sink)s AND f.last_window >= %(w)s"
+        "  AND f.first_window <= %(w)s AND %(w)s <> ALL(f.lacking))",
+        {"job": job, "sink": sink, "w": window_id},
+    ).fetchone()
+    return bool(row and row[0])
 
 
 # The pairs (sink, window) asked for that no marker and no folded row holds: a probe of the
@@ -211,15 +214,6 @@ def held_count_and_sum(job: str, sink: str, through: sql.Composable) -> sql.Comp
     marked = sql.SQL(
         "FROM onceflow.sink_commits WHERE job = {job} AND sink = {sink} AND window_id <= {through}"
     ).format(job=sql.Literal(job), sink=sql.Literal(sink), through=through)
-    count = sql.SQL(
-        "((SELECT count(*) {marked}) + coalesce((SELECT sum({last} - f.first_window + 1 - {n})"
-        " {folded}), 0))::bigint"
-    ).format(
-        marked=marked,
-        last=last,
-        n=lacking.format(agg=sql.SQL("count(*)"), through=through),
-        folded=folded,
-    )
     total = sql.SQL(
         "((SELECT coalesce(sum(window_id), 0) {marked})"
         " + coalesce((SELECT sum(div((f.first_window + {last})::numeric"
@@ -230,4 +224,4 @@ def held_count_and_sum(job: str, sink: str, through: sql.Composable) -> sql.Comp
         s=lacking.format(agg=sql.SQL("coalesce(sum(x), 0)"), through=through),
         folded=folded,
     )
-    return sql.SQL("{}, {}").format(count, total)
+    return sql.SQL("{}, {}").format(held_count(job, sink, through), total)

@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 
 from onceflow._ledger_schema import DETAIL_DDL
-from onceflow.sinks.postgres._folded import FOLDED_DDL, folded_holds
+from onceflow.sinks.postgres._folded import FOLDED_DDL, marker_holds
 from onceflow.sinks.postgres._held import VERIFIED_DDL
 
 PROTOCOL_DDL = """
@@ -126,14 +126,8 @@ class Marker:
             return (
                 conn.execute(query, (self.job, self.sink, self.restate_seq)).fetchone() is not None
             )
-        query = (
-            "SELECT 1 FROM onceflow.sink_commits WHERE job = %s AND sink = %s AND window_id = %s"
-        )
-        params: tuple[Any, ...] = (self.job, self.sink, self.window_id)
         # A window past the detail horizon may have its marker folded (`_folded`).
-        return conn.execute(query, params).fetchone() is not None or folded_holds(
-            conn, self.job, self.sink, self.window_id
-        )
+        return marker_holds(conn, self.job, self.sink, self.window_id)
 
     def insert(
         self,
