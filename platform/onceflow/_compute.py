@@ -11,6 +11,7 @@ inside a sequence give the same rows. A record whose dedupe key has a null part 
 from __future__ import annotations
 
 import dataclasses
+import enum
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import reduce
@@ -155,9 +156,11 @@ def _parsed(
     lookup: SeenLookup | None,
     slot: int | None = None,
     in_order_ok: bool = True,
-) -> tuple[DataFrame, bool]:
-    """The windows' parsed rows, and whether the key lookup already marked every repeat
-    of a key within the window seen (then no first-occurrence sort is needed)."""
+) -> tuple[DataFrame, _Marked]:
+    """The windows' parsed rows, and which repeats of a key within the window the key lookup
+    already marked seen: every one (`WHOLE`: no first-occurrence sort is needed), those within
+    each read task's share (`TASKS`: only keys several tasks kept are left to compare), or
+    none."""
     from pyspark.sql import functions as F
 
     parse = job.parse or (lambda raw: raw)
@@ -173,7 +176,8 @@ def _parsed(
         if lookup is not None:
             fn, schema = _chain(fn, _AnyWindowLookup(lookup)), lookup.ddl(schema)
         fn, schema = _chain(fn, _AnyWindowId()), f"{schema}, {WINDOW_COL} BIGINT"
-        return source.read_planned(spark, settings, fn, schema, slot), lookup is not None
+        marked = _Marked.WHOLE if lookup is not None else _Marked.NONE
+        return source.read_planned(spark, settings, fn, schema, slot), marked
     many = (
         source.read_many(spark, settings, [w.offsets for w in windows])
         if len(windows) > 1
@@ -193,9 +197,9 @@ def _parsed(
             .join(F.broadcast(positions), "__global")
             .drop("__global")
             .withColumnRenamed("__local", "_file_idx")
-        ), False
+        ), _Marked.NONE
     frames = []
-    in_order = False
+    marked = _Marked.NONE
     for w in windows:
         if isinstance(job.parse, ArrowParse):
             # The parse (and the key lookup) run in the source's own read step, which also
@@ -204,14 +208,10 @@ def _parsed(
             fn, schema = job.parse.fn, job.parse.schema
             if lookup is not None:
                 # One window read in order by one task: its first occurrences are known
-                # as the rows pass, so the lookup marks the repeats too.
-                in_order = (
-                    in_order_ok
-                    and len(windows) == 1
-                    and job.parse.keeps_order
-                    and source.reads_in_order(settings, w.offsets)
-                )
-                if in_order:
+                # as the rows pass, so the lookup marks the repeats too. Read in order by
+                # each of several tasks: the repeats within each task's share.
+                marked = _marked_on_read(job, settings, w, len(windows) == 1 and in_order_ok)
+                if marked is not _Marked.NONE:
                     lookup = dataclasses.replace(lookup, in_order=True)
                 fn, schema = _chain(fn, lookup), lookup.ddl(schema)
             fn, schema = _chain(fn, _WindowId(w.window_id)), f"{schema}, {WINDOW_COL} BIGINT"
@@ -222,7 +222,59 @@ def _parsed(
                 df = df.mapInArrow(lookup, lookup.struct(df.schema))
             df = df.withColumn(WINDOW_COL, F.lit(w.window_id).cast("bigint"))
         frames.append(df)
-    return reduce(lambda a, b: a.unionByName(b), frames), in_order
+    return reduce(lambda a, b: a.unionByName(b), frames), marked
+
+
+class _Marked(enum.Enum):
+    """Which repeats of a key within a window the key lookup marked as the rows passed."""
+
+    NONE = "none"
+    TASKS = "tasks"  # those within each read task's share
+    WHOLE = "whole"  # every one: the window was read in order by one task
+
+
+def _marked_on_read(job: Job, settings: Settings, window: Window, alone: bool) -> _Marked:
+    """What the lookup can mark reading `window` (computed `alone`, with no `seen`)."""
+    parse = job.parse
+    if not alone or not isinstance(parse, ArrowParse) or not parse.keeps_order:
+        return _Marked.NONE
+    if job.source.reads_in_order(settings, window.offsets):
+        return _Marked.WHOLE
+    if job.source.reads_in_runs(settings, window.offsets):
+        return _Marked.TASKS
+    return _Marked.NONE
+
+
+def _first_across_tasks(valid: DataFrame, keys: Sequence[str]) -> DataFrame:
+    """`valid` (one window's rows, each read task's repeats already marked and left out) less
+    the rows whose key another task kept at an earlier position.
+
+    Only the keys several tasks kept are compared: their first positions are found by an
+    aggregate of the key and position alone, and that small set is broadcast to the read's
+    own partitions. The rows themselves are neither shuffled nor sorted (the first-occurrence
+    `row_number` moves and sorts the whole window), and the key compares as it does there: by
+    the key columns' values."""
+    from pyspark.sql import functions as F
+
+    position = F.expr(
+        f"CAST({spark_sql_name('_file_idx')} AS BIGINT) * 4294967296"
+        f" + {spark_sql_name('_source_line')}"
+    )
+    firsts = (
+        valid.groupBy(*keys)
+        .agg(F.min(position).alias(_FIRST), F.count(F.lit(1)).alias("__kept_by"))
+        .where("__kept_by > 1")
+        .drop("__kept_by")
+    )
+    return (
+        valid.join(F.broadcast(firsts), list(keys), "left")
+        .where(F.col(_FIRST).isNull() | (position == F.col(_FIRST)))
+        .select(*valid.columns)
+    )
+
+
+# The first position of a key several read tasks kept (`_first_across_tasks`).
+_FIRST = "__first_position"
 
 
 def _chain(first: BatchFunction, then: BatchFunction) -> BatchFunction:
@@ -384,7 +436,8 @@ def compute(
     if slot is not None and len(windows) != 1:
         raise ConfigurationError("a plan for any window is made from one window.")
     # With `seen` too, the rows are joined with it after the lookup: never marked in order.
-    parsed, deduped = _parsed(spark, job, settings, windows, lookup, slot, seen is None)
+    parsed, marked = _parsed(spark, job, settings, windows, lookup, slot, seen is None)
+    deduped = marked is _Marked.WHOLE
     for column in (REASON_COLUMN, RAW_TEXT_COLUMN):
         if column not in parsed.columns:
             parsed = parsed.withColumn(column, F.lit(None).cast("string"))
@@ -407,7 +460,9 @@ def compute(
         is_valid = f"{is_valid} AND NOT {spark_sql_name(SEEN_COL)}"
     valid = parsed.where(is_valid)
     invalid = parsed.where(f"{spark_sql_name(REASON_COLUMN)} IS NOT NULL")
-    if job.dedupe is not None and not deduped:
+    if job.dedupe is not None and marked is _Marked.TASKS:
+        valid = _first_across_tasks(valid, list(job.dedupe.key))
+    elif job.dedupe is not None and not deduped:
         if seen is not None:
             valid = (
                 valid.join(seen.select(*keys, "__seen_in"), keys, "left")

@@ -79,22 +79,31 @@ def test_every_line_of_every_file_once_at_its_position_whatever_the_names(
 
 
 @pytest.mark.parametrize(
-    "limit",
+    ("limit", "tasks"),
     [
-        "ONE_TASK_MAX_BYTES",  # a large window: read whole, a file a task
-        "WHOLE_READ_MAX_BYTES",  # large files: read line by line, a file a task
+        ("ONE_TASK_MAX_BYTES", 2),  # a large window: read whole, a run of files a core
+        ("WHOLE_READ_MAX_BYTES", len(NAMES)),  # large files: read line by line, a file a task
     ],
 )
-def test_a_window_read_by_several_tasks_gives_the_same_lines_not_in_order(
-    spark, settings: Settings, monkeypatch: pytest.MonkeyPatch, limit: str
+def test_a_window_read_by_several_tasks_gives_each_task_its_lines_in_order(
+    spark, settings: Settings, monkeypatch: pytest.MonkeyPatch, limit: str, tasks: int
 ) -> None:
     lines = put_files(settings)
     monkeypatch.setattr(landing_module, limit, 100)
+    monkeypatch.setattr(landing_module, "_parallelism", lambda spark: 2)
     rows, partitions = read_rows(spark, settings)
     assert sorted(rows) == expected_rows(lines)
-    assert partitions == len(NAMES)
+    assert partitions == tasks
     offsets = SOURCE.offsets(settings, SOURCE.discover(settings, None))
     assert not SOURCE.reads_in_order(settings, offsets)
+    # What the key lookup relies on to mark repeats as the rows pass: each task's rows come in
+    # source order.
+    assert SOURCE.reads_in_runs(settings, offsets)
+    frame = SOURCE.read(spark, settings, offsets)
+    shares = frame.rdd.glom().map(lambda rs: [(r._file_idx, r._source_line) for r in rs]).collect()
+    assert len(shares) == tasks
+    assert all(share == sorted(share) for share in shares)
+    assert sum(1 for share in shares if share) > 1
 
 
 def test_a_planned_file_gone_before_the_read_is_a_source_error(settings: Settings) -> None:
@@ -179,13 +188,25 @@ def test_a_large_window_has_a_read_task_for_each_core_and_none_over_the_chunk() 
     assert len(landing_module._read_units([1000 * mib], cores=1000)) <= 64
 
 
+def test_a_large_window_is_read_in_a_run_of_units_a_core_more_runs_when_a_run_is_large() -> None:
+    mib = 1 << 20
+    # 100,000 payments (10 files, 19 MiB) on 2 cores: two runs of five files.
+    assert landing_module._read_runs(10, 19 * mib, cores=2) == 2
+    # A million (190 MiB): runs of at most 64 MiB, a multiple of the cores.
+    assert landing_module._read_runs(10, 190 * mib, cores=2) == 4
+    # Never more runs than units, nor than MAX_READ_TASKS.
+    assert landing_module._read_runs(3, 19 * mib, cores=32) == 3
+    assert landing_module._read_runs(1000, 100_000 * mib, cores=1000) == 64
+
+
 def test_a_window_of_one_large_file_is_read_by_several_tasks(
     spark, settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     lines = put_files(settings)
     monkeypatch.setattr(landing_module, "ONE_TASK_MAX_BYTES", 100)
     _chunked(monkeypatch, 1000, 1000)
+    monkeypatch.setattr(landing_module, "_parallelism", lambda spark: 10)
     rows, partitions = read_rows(spark, settings)
     assert sorted(rows) == expected_rows(lines)
-    # The 5.3 KB file is read in six ranges, the four others whole.
+    # The 5.3 KB file is read in six ranges, the four others whole: a unit a core.
     assert partitions == 4 + 6

@@ -226,6 +226,14 @@ class Source(ABC):
         knows it."""
         return False
 
+    def reads_in_runs(self, settings: Settings, offsets: Mapping[str, Any]) -> bool:
+        """Whether each task of `read_mapped` passes `fn` its share of the window's records
+        in source order (`_file_idx`, then `_source_line`; `reads_in_order` is the case of one
+        task). The key lookup then finds a key's repeats within each task's share on the way,
+        and the compute compares across tasks only the keys several of them kept, in place of
+        sorting the window. False unless the source knows it."""
+        return False
+
     def read_many(
         self, spark: SparkSession, settings: Settings, offsets: Sequence[Mapping[str, Any]]
     ) -> tuple[DataFrame, list[tuple[int, int, int]]] | None:

@@ -241,6 +241,11 @@ class LandingSource(LandingFiles):
         sizes = _sizes(settings.landing, offsets)
         return bool(sizes) and _whole_in_one_task(sizes)
 
+    def reads_in_runs(self, settings: Settings, offsets: Mapping[str, Any]) -> bool:
+        # Every read of a window's files gives each task its units in unit order, each unit's
+        # lines in line order (`_read_whole`'s range slices, or the line reader's file a task).
+        return bool(offsets.get("files"))
+
     def read_files(self, spark: SparkSession, root: Location, files: list[str]) -> DataFrame:
         sizes = [_size(root / f) for f in files]
         if files and max(sizes) < WHOLE_READ_MAX_BYTES:
@@ -260,10 +265,13 @@ class LandingSource(LandingFiles):
 WHOLE_READ_MAX_BYTES = 256 << 20
 # Windows up to this size are read as one Spark partition.
 ONE_TASK_MAX_BYTES = 16 << 20
-# Larger windows: a task per file, a large file split into line-aligned byte ranges so that a
-# window has a task for each of the session's cores, none over CHUNK_MAX_BYTES (nor under
-# CHUNK_MIN_BYTES), and at most MAX_READ_TASKS tasks.
+# Larger windows: read units of a file each, a large file split into line-aligned byte ranges
+# so that a window has a unit for each of the session's cores, none over CHUNK_MAX_BYTES (nor
+# under CHUNK_MIN_BYTES). A task reads a run of consecutive units in order: a run for each core,
+# or a multiple of the cores when a run would read more than RUN_MAX_BYTES, and at most
+# MAX_READ_TASKS runs.
 MAX_READ_TASKS = 64
+RUN_MAX_BYTES = 64 << 20
 CHUNK_MIN_BYTES = 4 << 20
 CHUNK_MAX_BYTES = 32 << 20
 # The lines before a range are counted in reads of this size.
@@ -327,8 +335,9 @@ def _read_whole(
     schema: str = "",
 ) -> DataFrame:
     """The lines of `files`, read and split by the Python step that then passes them through
-    `then` (output `schema`): a small window by one task, a larger one a file (or a large
-    file's byte range, `_read_units`) a task, so that every core has a share.
+    `then` (output `schema`): a small window by one task, a larger one in read units (a file,
+    or a large file's byte range: `_read_units`), a run of consecutive units a task
+    (`_read_runs`), so that every core has a share.
 
     The step's input is `spark.range` over the read units' positions, the names travelling in
     the step's closure: two DataFrame operations to plan, where Spark's binary-file reader lists
@@ -340,8 +349,9 @@ def _read_whole(
         units: list[Unit] = [(i, 0, None) for i in range(len(files))]
         tasks = 1
     else:
-        units = _read_units(sizes, _parallelism(spark))
-        tasks = min(len(units), MAX_READ_TASKS)
+        cores = _parallelism(spark)
+        units = _read_units(sizes, cores)
+        tasks = _read_runs(len(units), sum(sizes), cores)
 
     def split(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
@@ -352,11 +362,25 @@ def _read_whole(
         return then(split(batches))
 
     # A small window is read, parsed and deduplicated by one task, in file and line order: no
-    # shuffle or sort to find first occurrences, and one file per output.
+    # shuffle or sort to find first occurrences, and one file per output. A larger one by a
+    # run of consecutive units a task (Spark slices a range into consecutive ids), in order.
     positions = spark.range(0, len(units), 1, tasks)
     if then is None:
         return positions.mapInArrow(split, RAW_SCHEMA)
     return positions.mapInArrow(split_then, schema)
+
+
+def _read_runs(units: int, total: int, cores: int) -> int:
+    """How many tasks read a window's `units` (of `total` bytes), each a run of consecutive
+    units: one a core, a multiple of the cores when a run would be larger than RUN_MAX_BYTES
+    (so no core waits on a last, lone run), never more than the units or MAX_READ_TASKS.
+
+    Few runs, not a task a unit: each task's rows pass the key lookup in source order, which
+    finds a key's repeats within the run on the way; only keys kept by several runs are
+    compared across them (`_compute`), and a task costs the writers a file and a COPY each."""
+    cores = max(1, cores)
+    rounds = max(1, -(-total // (cores * RUN_MAX_BYTES)))
+    return max(1, min(units, cores * rounds, MAX_READ_TASKS))
 
 
 # What one task of a window's read reads: a file's position among the window's files, and the
