@@ -446,6 +446,39 @@ def test_random_kills_then_clean_run_is_exact(spark: Any, site: Site) -> None:
     site.assert_exact()
 
 
+@pytest.mark.exhaustive
+def test_large_windows_read_in_runs_killed_at_random_then_rerun_is_exact(
+    spark: Any, pg_dsn: str, lake: Path, landing: Path, tmp_path: Path
+) -> None:
+    """Windows over the one-task limit (read by a run of files a core, first occurrences
+    compared across the runs) under the same random kills."""
+    from onceflow.sources.landing import ONE_TASK_MAX_BYTES
+
+    generate_payments(landing, records=400_000, files=40, duplicate_rate=0.1, invalid_rate=0.02)
+    files = sorted((landing / "payments").iterdir())
+    assert sum(f.stat().st_size for f in files[:10]) > ONE_TASK_MAX_BYTES
+    home = tmp_path / "home"
+    home.mkdir()
+    site = Site(pg_dsn, lake, landing, home)
+    rng = random.Random(next(_seeds()))
+    outcomes = []
+    for _ in range(4):
+        run = site.start(max_files=10)
+        delay = rng.uniform(6, 16)
+        deadline = time.monotonic() + delay
+        while time.monotonic() < deadline and run.proc.poll() is None:
+            time.sleep(0.2)
+        run.kill_group()
+        result = run.finish(timeout=60)
+        outcomes.append((round(delay, 1), result.returncode))
+        assert result.returncode in (0, -signal.SIGKILL), result.stderr[-2000:]
+    print(f"kills (delay s, returncode): {outcomes}")
+    # A run of four such windows outlasts the first delay: at least that run died mid-way.
+    assert any(code == -signal.SIGKILL for _, code in outcomes)
+    site.run_in_process(spark, max_files=10)
+    site.assert_exact()
+
+
 # -- bad configuration: fails before Spark starts ------------------------------------------------
 
 
