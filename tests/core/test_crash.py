@@ -428,20 +428,29 @@ def _seeds() -> Iterator[int]:
     yield seed
 
 
-def test_random_kills_then_clean_run_is_exact(spark: Any, site: Site) -> None:
+def _killed_at_random(
+    site: Site, runs: int, max_files: int, delays: tuple[float, float]
+) -> list[tuple[float, int | None]]:
+    """`runs` CLI runs, each killed (driver and Spark JVM together) after a random delay in
+    `delays` unless it ended first; (delay, returncode) of each."""
     rng = random.Random(next(_seeds()))
     outcomes = []
-    for _ in range(5):
-        run = site.start(max_files=1)
-        delay = rng.uniform(3, 25)
+    for _ in range(runs):
+        run = site.start(max_files=max_files)
+        delay = rng.uniform(*delays)
         deadline = time.monotonic() + delay
         while time.monotonic() < deadline and run.proc.poll() is None:
             time.sleep(0.2)
-        run.kill_group()  # driver and Spark JVM together
+        run.kill_group()
         result = run.finish(timeout=60)
         outcomes.append((round(delay, 1), result.returncode))
         assert result.returncode in (0, -signal.SIGKILL), result.stderr[-2000:]
     print(f"kills (delay s, returncode): {outcomes}")
+    return outcomes
+
+
+def test_random_kills_then_clean_run_is_exact(spark: Any, site: Site) -> None:
+    _killed_at_random(site, runs=5, max_files=1, delays=(3, 25))
     site.run_in_process(spark, max_files=1)
     site.assert_exact()
 
@@ -460,19 +469,7 @@ def test_large_windows_read_in_runs_killed_at_random_then_rerun_is_exact(
     home = tmp_path / "home"
     home.mkdir()
     site = Site(pg_dsn, lake, landing, home)
-    rng = random.Random(next(_seeds()))
-    outcomes = []
-    for _ in range(4):
-        run = site.start(max_files=10)
-        delay = rng.uniform(6, 16)
-        deadline = time.monotonic() + delay
-        while time.monotonic() < deadline and run.proc.poll() is None:
-            time.sleep(0.2)
-        run.kill_group()
-        result = run.finish(timeout=60)
-        outcomes.append((round(delay, 1), result.returncode))
-        assert result.returncode in (0, -signal.SIGKILL), result.stderr[-2000:]
-    print(f"kills (delay s, returncode): {outcomes}")
+    outcomes = _killed_at_random(site, runs=4, max_files=10, delays=(6, 16))
     # A run of four such windows outlasts the first delay: at least that run died mid-way.
     assert any(code == -signal.SIGKILL for _, code in outcomes)
     site.run_in_process(spark, max_files=10)
