@@ -22,6 +22,7 @@ from pyspark import StorageLevel
 from onceflow import _window_params as window_params
 from onceflow._identifiers import spark_sql_name, spark_sql_string
 from onceflow._keylookup import KEY_COL, SEEN_COL, SeenLookup, null_key_columns
+from onceflow._plan_reruns import reruns_afresh
 from onceflow.errors import ConfigurationError
 from onceflow.job import Job, WindowContext, check_outputs
 from onceflow.sources.base import RAW_TEXT_COLUMN, REASON_COLUMN, ArrowParse, BatchFunction
@@ -60,6 +61,9 @@ class Computed:
     # The JVM RDDs holding the cached rows once found (`_cache_rdds`); empty: not yet, or the
     # session cannot give them (then the entries are dropped and made anew each window).
     _rdds: list[Any] = dataclasses.field(default_factory=list, repr=False, compare=False)
+    # Non-empty once the cached frames' plans were found to keep results of a first execution
+    # (`_plan_reruns`): their entries are made anew each window.
+    _replanned: list[bool] = dataclasses.field(default_factory=list, repr=False, compare=False)
 
     def counts_frame(self) -> DataFrame:
         """The window's counts as a measure of its write job (`sinks.writers.run_writers`): JSON
@@ -91,8 +95,13 @@ class Computed:
     def cache_kept(self) -> bool:
         """Whether the cache entries stay from window to window (queries over them planned
         once stay right); found on first use."""
-        if self.any_window and not self._rdds:
-            self._rdds.extend(_cache_rdds(self._cached_frames()))
+        if self.any_window and not self._rdds and not self._replanned:
+            frames = self._cached_frames()
+            # Cached again from their RDDs' lineage: any result it kept would be taken again.
+            if all(reruns_afresh(df) for df in frames):
+                self._rdds.extend(_cache_rdds(frames))
+            else:
+                self._replanned.append(True)
         return bool(self._rdds)
 
     def persist(self) -> None:

@@ -88,6 +88,19 @@ class Planning:
         window_of = F.udf(lambda _: ctx.window_id, "bigint")
         return _outputs(rows.withColumn("_window_id", window_of(F.col("event_id"))))
 
+    def with_own_aggregate(self, rows: DataFrame, ctx: WindowContext) -> Mapping[str, DataFrame]:
+        """Joins the rows with an aggregate of themselves (a join Spark broadcasts)."""
+        self.calls += 1
+        top = rows.groupBy("team").agg(F.max("points").alias("top"))
+        joined = rows.join(top, "team").where("points <= top").drop("top")
+        return _outputs(joined.withColumn("_window_id", ctx.window_id_column()))
+
+    def repartitioned(self, rows: DataFrame, ctx: WindowContext) -> Mapping[str, DataFrame]:
+        """Spreads the rows over partitions (a shuffle)."""
+        self.calls += 1
+        spread = rows.repartition(3, "event_id")
+        return _outputs(spread.withColumn("_window_id", ctx.window_id_column()))
+
     def with_outside_rows(self, rows: DataFrame, ctx: WindowContext) -> Mapping[str, DataFrame]:
         """Joins rows that are not the window's (a team table made while planning)."""
         self.calls += 1
@@ -261,3 +274,15 @@ def test_a_plan_that_holds_for_one_window_only_is_made_for_each(
     _run(spark, pg_dsn, tmp_path, lake, landing, getattr(planning, transform), transform)
     # The first window is planned for any window, found not to hold, and planned alone.
     assert planning.calls == len(WINDOWS) + 1
+
+
+@pytest.mark.parametrize("transform", ["with_own_aggregate", "repartitioned"])
+def test_a_plan_whose_steps_exchange_rows_computes_each_windows_own(
+    spark, pg_dsn: str, tmp_path: Path, lake: Path, landing: Path, transform: str
+) -> None:
+    """Spark runs a shuffle's map stage, a broadcast or a subquery once per physical plan and
+    takes the results again when the plan runs again: such a plan is still made once a slot,
+    but Spark plans it again for each window, and no window gets another's rows."""
+    planning = Planning()
+    _run(spark, pg_dsn, tmp_path, lake, landing, getattr(planning, transform), transform)
+    assert planning.calls == 2

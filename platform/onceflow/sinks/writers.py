@@ -39,6 +39,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from onceflow._identifiers import spark_sql_name, spark_sql_string
+from onceflow._plan_reruns import reruns_afresh
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -349,6 +350,7 @@ class WritersPlan:
         self.outputs = dict(outputs)
         self.writers = list(writers)
         self._frame = _writers_frame(outputs, writers, measures or {}, plan=self.id)
+        self._afresh: bool | None = None  # whether its physical plan can run again (`run`)
 
     def fits(self, outputs: Mapping[str, DataFrame], writers: Sequence[PartitionWriter]) -> bool:
         """Whether the plan writes `writers` from `outputs` (the very frames it was built on)."""
@@ -368,11 +370,18 @@ class WritersPlan:
         """Run the job for `writers` (inside `_window_params.bound` with `params(writers)`).
 
         `cache_kept`: the cache entries the plan reads are the ones it was first run with
-        (their rows cached again for this window), so Spark's plan of the first run holds."""
+        (their rows cached again for this window), so Spark's plan of the first run holds,
+        unless it keeps results of its first execution (a shuffle, a broadcast: see
+        `_plan_reruns`): then it is planned again too."""
         frame = self._frame
-        if frame is not None and not cache_kept:
+        if frame is not None and not (cache_kept and self._reruns_afresh(frame)):
             frame = frame.alias("writers")
         return _collect(frame, writers)
+
+    def _reruns_afresh(self, frame: DataFrame) -> bool:
+        if self._afresh is None:
+            self._afresh = reruns_afresh(frame)
+        return self._afresh
 
 
 def _by_output(writers: Sequence[PartitionWriter]) -> dict[str, list[PartitionWriter]]:

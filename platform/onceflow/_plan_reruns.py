@@ -1,0 +1,48 @@
+"""Whether a Spark plan, run again, computes everything again.
+
+A run keeps a slot's plan from window to window (`_compute.Computed.cache_kept`,
+`sinks.writers.WritersPlan`): each window's rows come from its parameters, and Spark executes
+the same physical plan again. Most of a physical plan recomputes from its input on every
+execution, but some of it runs once per plan and is taken again afterwards: a shuffle's map
+outputs (the plan's exchange keeps its shuffle, and Spark skips map stages whose outputs
+exist), a broadcast's relation, a subquery's result, adaptive execution's finished query
+stages. Run again for a later window, such a plan would give an earlier window's rows: a plan
+that holds any of them is planned again for each window.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+# Physical operators whose results outlive one execution of their plan (by `nodeName`).
+_KEPT_ONCE = ("Exchange", "Subquery", "QueryStage", "AdaptiveSparkPlan")
+
+
+def kept_once(df: DataFrame) -> list[str]:
+    """The operators of `df`'s physical plan (its cached relations' plans and its subqueries
+    included) whose results a second execution of the plan would take again, by name."""
+    found: list[str] = []
+    stack: list[Any] = [df._jdf.queryExecution().executedPlan()]
+    seen: set[int] = set()
+    while stack:
+        node = stack.pop()
+        key = node.hashCode()
+        if key in seen:
+            continue
+        seen.add(key)
+        name = node.nodeName()
+        if any(part in name for part in _KEPT_ONCE):
+            found.append(name)
+        for related in ("children", "innerChildren", "subqueries"):
+            items = getattr(node, related)()
+            stack.extend(items.apply(i) for i in range(items.size()))
+    return found
+
+
+def reruns_afresh(df: DataFrame) -> bool:
+    """Whether executing `df`'s physical plan again computes every row from its input again
+    (see the module)."""
+    return not kept_once(df)
