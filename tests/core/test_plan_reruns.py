@@ -1,4 +1,5 @@
-"""Which physical plans keep results of their first execution, on real Spark."""
+"""Which physical plans keep results of their first execution, and which planning ran Spark
+jobs, on real Spark."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pyarrow as pa
 from pyspark import StorageLevel
 from pyspark.sql import functions as F
 
-from onceflow._plan_reruns import kept_once, reruns_afresh
+from onceflow._plan_reruns import jobs_started, kept_once, reruns_afresh
 
 
 def _rows(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -44,3 +45,20 @@ def test_shuffles_broadcasts_and_subqueries_are_found_wherever_they_are(spark) -
         assert "Exchange" in kept_once(cached.select("k"))
     finally:
         cached.unpersist()
+
+
+def test_jobs_started_counts_this_threads_jobs_and_gives_its_group_back(spark) -> None:
+    context = spark.sparkContext
+    rows = spark.range(0, 1, 1, 1).mapInArrow(_rows, "k long, v long")
+    context.setJobGroup("callers-group", "the caller's")
+    try:
+        with jobs_started(spark) as planned_only:
+            rows.groupBy("k").count().where("count > 1")
+        with jobs_started(spark) as counted:
+            rows.count()
+        assert (planned_only(), counted()) == (0, 1)
+        assert context.getLocalProperty("spark.jobGroup.id") == "callers-group"
+    finally:
+        context.setLocalProperty("spark.jobGroup.id", None)
+        context.setLocalProperty("spark.job.description", None)
+        context.setLocalProperty("spark.job.interruptOnCancel", None)

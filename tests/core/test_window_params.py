@@ -1,8 +1,10 @@
 """A run plans a deterministic job's windows once per slot, and each window's tasks still
 compute that window: its files, its id, its dedupe against every window before it. A transform
-whose plan would not hold for another window (it reads `ctx.window_id` while planning, or rows
-from outside its window) is planned window by window. Checked against plain Python on real
-Spark, PostgreSQL and Delta."""
+whose plan would not hold for another window (it reads `ctx.window_id` while planning, rows
+from outside its window, or runs Spark jobs while planning) is planned window by window; one
+whose physical plan keeps results of its first execution (a shuffle, a broadcast) is planned
+again by Spark for each window. Checked against plain Python on real Spark, PostgreSQL and
+Delta."""
 
 from __future__ import annotations
 
@@ -94,6 +96,12 @@ class Planning:
         top = rows.groupBy("team").agg(F.max("points").alias("top"))
         joined = rows.join(top, "team").where("points <= top").drop("top")
         return _outputs(joined.withColumn("_window_id", ctx.window_id_column()))
+
+    def with_eager_count(self, rows: DataFrame, ctx: WindowContext) -> Mapping[str, DataFrame]:
+        """Counts its rows while planning (a Spark job of its own, run there and then)."""
+        self.calls += 1
+        events = rows.withColumn("_window_id", ctx.window_id_column())
+        return _outputs(events.where(F.lit(rows.count()) >= 0))
 
     def repartitioned(self, rows: DataFrame, ctx: WindowContext) -> Mapping[str, DataFrame]:
         """Spreads the rows over partitions (a shuffle)."""
@@ -266,7 +274,7 @@ def test_a_context_read_in_a_task_is_the_tasks_window(
     assert planning.calls == 2
 
 
-@pytest.mark.parametrize("transform", ["by_literal", "with_outside_rows"])
+@pytest.mark.parametrize("transform", ["by_literal", "with_outside_rows", "with_eager_count"])
 def test_a_plan_that_holds_for_one_window_only_is_made_for_each(
     spark, pg_dsn: str, tmp_path: Path, lake: Path, landing: Path, transform: str
 ) -> None:

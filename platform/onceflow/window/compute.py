@@ -11,6 +11,7 @@ from onceflow._compute import Computed, compute
 from onceflow._identifiers import spark_sql_name
 from onceflow._keyindex import Basis, StagedKeys
 from onceflow._keylookup import KEY_COL
+from onceflow._plan_reruns import jobs_started
 from onceflow._staging import WindowStage
 from onceflow.errors import ConfigurationError
 from onceflow.ledger import Window
@@ -194,20 +195,23 @@ def _planned_outputs(
             return None
         plan.computed.persist()
         return WindowOutputs(dict(plan.frames), None, plan.computed, quarantine, params, slot)
-    computed = compute(
-        spark,
-        job,
-        ctx.settings,
-        [window],
-        lookup=(
-            index.lookup(dedupe.key, window.window_id)
-            if index is not None and dedupe is not None
-            else None
-        ),
-        window_column=False,
-        slot=slot,
-    )
-    if not computed.any_window:
+    # A transform may run Spark jobs while planning (a count, a collect): they read this
+    # window's rows, and what they found holds for this window only.
+    with window_params.bound(spark, params), jobs_started(spark) as started:
+        computed = compute(
+            spark,
+            job,
+            ctx.settings,
+            [window],
+            lookup=(
+                index.lookup(dedupe.key, window.window_id)
+                if index is not None and dedupe is not None
+                else None
+            ),
+            window_column=False,
+            slot=slot,
+        )
+    if not computed.any_window or started():
         computed.release()
         ctx.plans.outputs = None
         _log.info("job %s: its windows are planned one by one", job.name)
