@@ -219,7 +219,7 @@ def _parsed(
                 # One window read in order by one task: its first occurrences are known
                 # as the rows pass, so the lookup marks the repeats too. Read in order by
                 # each of several tasks: the repeats within each task's share.
-                marked = _marked_on_read(job, settings, w, len(windows) == 1 and in_order_ok)
+                marked = _marked_on_read(spark, job, settings, w, len(windows) == 1 and in_order_ok)
                 if marked is not _Marked.NONE:
                     lookup = dataclasses.replace(lookup, in_order=True)
                 fn, schema = _chain(fn, lookup), lookup.ddl(schema)
@@ -242,14 +242,16 @@ class _Marked(enum.Enum):
     WHOLE = "whole"  # every one: the window was read in order by one task
 
 
-def _marked_on_read(job: Job, settings: Settings, window: Window, alone: bool) -> _Marked:
+def _marked_on_read(
+    spark: SparkSession, job: Job, settings: Settings, window: Window, alone: bool
+) -> _Marked:
     """What the lookup can mark reading `window` (computed `alone`, with no `seen`)."""
     parse = job.parse
     if not alone or not isinstance(parse, ArrowParse) or not parse.keeps_order:
         return _Marked.NONE
-    if job.source.reads_in_order(settings, window.offsets):
+    if job.source.reads_in_order(spark, settings, window.offsets):
         return _Marked.WHOLE
-    if job.source.reads_in_runs(settings, window.offsets):
+    if job.source.reads_in_runs(spark, settings, window.offsets):
         return _Marked.TASKS
     return _Marked.NONE
 

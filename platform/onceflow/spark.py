@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 import threading
 from collections.abc import Iterator, Mapping
@@ -58,6 +59,30 @@ LOCAL_DEFAULTS: dict[str, str] = {
 # window's tasks (2 cores, measured). The code that runs hot (the tasks' loops) is still
 # compiled.
 JIT_JAVA_OPTIONS = "-XX:CompileThresholdScaling=4"
+
+
+def defaults_for(master: str) -> dict[str, str]:
+    """LOCAL_DEFAULTS for a session on `master`: `local[8]` runs 8 tasks at once, so its jobs
+    are split for 8; a cluster's parallelism is its executors' cores (Spark's own default)."""
+    settings = dict(LOCAL_DEFAULTS)
+    cores = local_cores(master)
+    if cores is None:
+        del settings["spark.default.parallelism"]
+    else:
+        settings["spark.default.parallelism"] = str(cores)
+    return settings
+
+
+def local_cores(master: str) -> int | None:
+    """The task slots of a `local`, `local[N]`, `local[*]` or `local[N, retries]` master; None
+    for any other."""
+    match = re.fullmatch(r"local(?:\[\s*(\*|\d+)\s*(?:,\s*\d+\s*)?\])?", master.strip())
+    if match is None:
+        return None
+    slots = match.group(1)
+    if slots is None:
+        return 1
+    return (os.cpu_count() or 1) if slots == "*" else max(1, int(slots))
 
 
 def debug_enabled() -> bool:
@@ -184,8 +209,9 @@ def build_spark_session(
         _quiet_client()
         builder = builder.remote(remote)
     else:
-        builder = builder.master(master or "local[2]")
-        settings = {**LOCAL_DEFAULTS, **settings}
+        master = master or "local[2]"
+        builder = builder.master(master)
+        settings = {**defaults_for(master), **settings}
         settings["spark.driver.extraJavaOptions"] = java_options()
         settings["spark.executor.extraJavaOptions"] = java_options()
     settings.update(conf or {})

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from onceflow.errors import ConfigurationError
-from onceflow.spark import LOCAL_DEFAULTS, REQUIRED_CONF, java_options
+from onceflow.spark import REQUIRED_CONF, defaults_for, java_options
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 15002
@@ -70,7 +70,7 @@ class SparkServerConfig:
         """The `spark-submit` command line that runs the server in the foreground."""
         settings: dict[str, str] = {}
         if self.master.startswith("local"):
-            settings.update(LOCAL_DEFAULTS)
+            settings.update(defaults_for(self.master))
         settings.update(REQUIRED_CONF)
         settings["spark.connect.grpc.binding.address"] = self.host
         settings["spark.connect.grpc.binding.port"] = str(self.port)

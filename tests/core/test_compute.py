@@ -25,7 +25,7 @@ def read_in_runs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Every window read by three tasks, however small; the calls of the cross-task step,
     counted."""
     monkeypatch.setattr(landing_module, "ONE_TASK_MAX_BYTES", 1)
-    monkeypatch.setattr(landing_module, "_parallelism", lambda spark: 3)
+    monkeypatch.setattr(landing_module, "_read_cores", lambda spark: 3)
     calls: list[int] = []
     original = _compute._first_across_tasks
 

@@ -429,14 +429,14 @@ def _seeds() -> Iterator[int]:
 
 
 def _killed_at_random(
-    site: Site, runs: int, max_files: int, delays: tuple[float, float]
+    site: Site, runs: int, max_files: int, delays: tuple[float, float], **env: str
 ) -> list[tuple[float, int | None]]:
-    """`runs` CLI runs, each killed (driver and Spark JVM together) after a random delay in
-    `delays` unless it ended first; (delay, returncode) of each."""
+    """`runs` CLI runs (with `env`), each killed (driver and Spark JVM together) after a random
+    delay in `delays` unless it ended first; (delay, returncode) of each."""
     rng = random.Random(next(_seeds()))
     outcomes = []
     for _ in range(runs):
-        run = site.start(max_files=max_files)
+        run = site.start(max_files=max_files, **env)
         delay = rng.uniform(*delays)
         deadline = time.monotonic() + delay
         while time.monotonic() < deadline and run.proc.poll() is None:
@@ -459,8 +459,9 @@ def test_random_kills_then_clean_run_is_exact(spark: Any, site: Site) -> None:
 def test_large_windows_read_in_runs_killed_at_random_then_rerun_is_exact(
     spark: Any, pg_dsn: str, lake: Path, landing: Path, tmp_path: Path
 ) -> None:
-    """Windows over the one-task limit (read by a run of files a core, first occurrences
-    compared across the runs) under the same random kills."""
+    """Windows over the one-task limit, read by a run of files a core with first occurrences
+    compared across the runs (a `local[4]` session gives a window's read two cores), under
+    the same random kills; the rerun on 2 cores reads each window by one task."""
     from onceflow.sources.landing import ONE_TASK_MAX_BYTES
 
     generate_payments(landing, records=400_000, files=40, duplicate_rate=0.1, invalid_rate=0.02)
@@ -469,7 +470,9 @@ def test_large_windows_read_in_runs_killed_at_random_then_rerun_is_exact(
     home = tmp_path / "home"
     home.mkdir()
     site = Site(pg_dsn, lake, landing, home)
-    outcomes = _killed_at_random(site, runs=4, max_files=10, delays=(6, 16))
+    outcomes = _killed_at_random(
+        site, runs=4, max_files=10, delays=(6, 16), ONCEFLOW_SPARK_MASTER="local[4]"
+    )
     # A run of four such windows outlasts the first delay: at least that run died mid-way.
     assert any(code == -signal.SIGKILL for _, code in outcomes)
     site.run_in_process(spark, max_files=10)

@@ -75,7 +75,7 @@ def test_every_line_of_every_file_once_at_its_position_whatever_the_names(
     assert rows == expected_rows(lines)
     assert partitions == 1
     offsets = SOURCE.offsets(settings, SOURCE.discover(settings, None))
-    assert SOURCE.reads_in_order(settings, offsets)
+    assert SOURCE.reads_in_order(spark, settings, offsets)
 
 
 @pytest.mark.parametrize(
@@ -90,20 +90,45 @@ def test_a_window_read_by_several_tasks_gives_each_task_its_lines_in_order(
 ) -> None:
     lines = put_files(settings)
     monkeypatch.setattr(landing_module, limit, 100)
-    monkeypatch.setattr(landing_module, "_parallelism", lambda spark: 2)
+    monkeypatch.setattr(landing_module, "_read_cores", lambda spark: 2)
     rows, partitions = read_rows(spark, settings)
     assert sorted(rows) == expected_rows(lines)
     assert partitions == tasks
     offsets = SOURCE.offsets(settings, SOURCE.discover(settings, None))
-    assert not SOURCE.reads_in_order(settings, offsets)
+    assert not SOURCE.reads_in_order(spark, settings, offsets)
     # What the key lookup relies on to mark repeats as the rows pass: each task's rows come in
     # source order.
-    assert SOURCE.reads_in_runs(settings, offsets)
+    assert SOURCE.reads_in_runs(spark, settings, offsets)
     frame = SOURCE.read(spark, settings, offsets)
     shares = frame.rdd.glom().map(lambda rs: [(r._file_idx, r._source_line) for r in rs]).collect()
     assert len(shares) == tasks
     assert all(share == sorted(share) for share in shares)
     assert sum(1 for share in shares if share) > 1
+
+
+def test_a_large_window_is_read_by_one_task_when_the_read_has_one_core(
+    spark, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The session's 2 cores give a window's read one (`_read_cores`): a window over the
+    one-task limit is still read by one task, in order, and planned once; past what one
+    step reads whole, in runs."""
+    lines = put_files(settings)
+    monkeypatch.setattr(landing_module, "ONE_TASK_MAX_BYTES", 100)
+    assert landing_module._read_cores(spark) == 1
+    offsets = SOURCE.offsets(settings, SOURCE.discover(settings, None))
+    assert SOURCE.reads_in_order(spark, settings, offsets)
+    assert SOURCE.window_read(spark, settings, offsets) == {"files": SOURCE.units(offsets)}
+    assert read_rows(spark, settings) == (expected_rows(lines), 1)
+
+    sizes = [int(size) for size in offsets["sizes"]]
+    monkeypatch.setattr(landing_module, "WHOLE_READ_MAX_BYTES", max(sizes) + 1)
+    monkeypatch.setattr(landing_module, "RUN_MAX_BYTES", 1000)
+    assert sum(sizes) > max(sizes) + 1
+    assert not SOURCE.reads_in_order(spark, settings, offsets)
+    assert SOURCE.window_read(spark, settings, offsets) is None
+    rows, partitions = read_rows(spark, settings)
+    assert sorted(rows) == expected_rows(lines)
+    assert partitions > 1
 
 
 def test_a_planned_file_gone_before_the_read_is_a_source_error(settings: Settings) -> None:
@@ -205,7 +230,7 @@ def test_a_window_of_one_large_file_is_read_by_several_tasks(
     lines = put_files(settings)
     monkeypatch.setattr(landing_module, "ONE_TASK_MAX_BYTES", 100)
     _chunked(monkeypatch, 1000, 1000)
-    monkeypatch.setattr(landing_module, "_parallelism", lambda spark: 10)
+    monkeypatch.setattr(landing_module, "_read_cores", lambda spark: 10)
     rows, partitions = read_rows(spark, settings)
     assert sorted(rows) == expected_rows(lines)
     # The 5.3 KB file is read in six ranges, the four others whole: a unit a core.

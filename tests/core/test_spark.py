@@ -6,7 +6,14 @@ import os
 from pathlib import Path
 
 from onceflow.generate import generate_payments
-from onceflow.spark import ARROW_NO_BYTE_LIMIT, JIT_JAVA_OPTIONS, java_options, quiet_java_options
+from onceflow.spark import (
+    ARROW_NO_BYTE_LIMIT,
+    JIT_JAVA_OPTIONS,
+    defaults_for,
+    java_options,
+    local_cores,
+    quiet_java_options,
+)
 from tests.support.cli import CliRun
 
 CHATTER = (
@@ -73,3 +80,18 @@ def test_python_batches_are_bounded_by_rows_not_sized_after_every_row(spark) -> 
     )
     seen = sorted(r["n"] for r in frame.mapInArrow(sizes, "n BIGINT").collect())
     assert seen == [5, rows, rows]
+
+
+def test_a_local_masters_task_slots_are_its_parallelism(spark) -> None:
+    assert spark.conf.get("spark.default.parallelism") == "2"  # the default, local[2]
+    assert [local_cores(m) for m in ("local", "local[4]", "local[ 8 , 3]", "local[*]")] == [
+        1,
+        4,
+        8,
+        os.cpu_count(),
+    ]
+    assert local_cores("spark://host:7077") is None
+    assert local_cores("local-cluster[2, 1, 1024]") is None
+    assert defaults_for("local[4]")["spark.default.parallelism"] == "4"
+    # A cluster's is Spark's own: its executors' cores.
+    assert "spark.default.parallelism" not in defaults_for("spark://host:7077")

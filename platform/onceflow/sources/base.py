@@ -202,7 +202,9 @@ class Source(ABC):
         """
         return self.read(spark, settings, offsets).mapInArrow(fn, schema)
 
-    def window_read(self, settings: Settings, offsets: Mapping[str, Any]) -> dict[str, Any] | None:
+    def window_read(
+        self, spark: SparkSession, settings: Settings, offsets: Mapping[str, Any]
+    ) -> dict[str, Any] | None:
         """What `read_planned` needs of this window (JSON-able), if it can read the window;
         None: it cannot, and the window is read with `read_mapped`.
 
@@ -219,14 +221,18 @@ class Source(ABC):
         partition and in source order. `slot` tells apart plans in use at the same time."""
         raise NotImplementedError(f"{type(self).__name__} has no read planned once")
 
-    def reads_in_order(self, settings: Settings, offsets: Mapping[str, Any]) -> bool:
+    def reads_in_order(
+        self, spark: SparkSession, settings: Settings, offsets: Mapping[str, Any]
+    ) -> bool:
         """Whether `read_mapped` passes the window's records to `fn` in one partition, in source
         order (`_file_idx`, then `_source_line`): the key lookup then finds a key's repeats
         within the window on the way, and the compute sorts nothing. False unless the source
         knows it."""
         return False
 
-    def reads_in_runs(self, settings: Settings, offsets: Mapping[str, Any]) -> bool:
+    def reads_in_runs(
+        self, spark: SparkSession, settings: Settings, offsets: Mapping[str, Any]
+    ) -> bool:
         """Whether each task of `read_mapped` passes `fn` its share of the window's records
         in source order (`_file_idx`, then `_source_line`; `reads_in_order` is the case of one
         task). The key lookup then finds a key's repeats within each task's share on the way,

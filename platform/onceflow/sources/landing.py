@@ -215,10 +215,12 @@ class LandingSource(LandingFiles):
         _check_planned(self.check_available(settings, offsets))
         return _read_whole(spark, settings.landing, files, sizes, then=fn, schema=schema)
 
-    def window_read(self, settings: Settings, offsets: Mapping[str, Any]) -> dict[str, Any] | None:
+    def window_read(
+        self, spark: SparkSession, settings: Settings, offsets: Mapping[str, Any]
+    ) -> dict[str, Any] | None:
         files = list(offsets.get("files", []))
         sizes = _sizes(settings.landing, offsets)
-        if not files or not _whole_in_one_task(sizes):
+        if not files or not _whole_in_one_task(sizes, _read_cores(spark)):
             return None
         _check_planned(self.check_available(settings, offsets))
         return {"files": files}
@@ -237,11 +239,15 @@ class LandingSource(LandingFiles):
         # takes one slot's cached rows for the other's.
         return spark.range(slot, slot + 1, 1, 1).mapInArrow(split_then, schema)
 
-    def reads_in_order(self, settings: Settings, offsets: Mapping[str, Any]) -> bool:
+    def reads_in_order(
+        self, spark: SparkSession, settings: Settings, offsets: Mapping[str, Any]
+    ) -> bool:
         sizes = _sizes(settings.landing, offsets)
-        return bool(sizes) and _whole_in_one_task(sizes)
+        return bool(sizes) and _whole_in_one_task(sizes, _read_cores(spark))
 
-    def reads_in_runs(self, settings: Settings, offsets: Mapping[str, Any]) -> bool:
+    def reads_in_runs(
+        self, spark: SparkSession, settings: Settings, offsets: Mapping[str, Any]
+    ) -> bool:
         # Every read of a window's files gives each task its units in unit order, each unit's
         # lines in line order (`_read_whole`'s range slices, or the line reader's file a task).
         return bool(offsets.get("files"))
@@ -263,10 +269,11 @@ class LandingSource(LandingFiles):
 # Files read whole by the Python step that splits them: smaller than this. Larger ones are
 # read line by line (`_LinesDataSource`).
 WHOLE_READ_MAX_BYTES = 256 << 20
-# Windows up to this size are read as one Spark partition.
+# Windows up to this size are read as one Spark partition; so are windows up to
+# WHOLE_READ_MAX_BYTES when the read has one core (`_read_cores`).
 ONE_TASK_MAX_BYTES = 16 << 20
 # Larger windows: read units of a file each, a large file split into line-aligned byte ranges
-# so that a window has a unit for each of the session's cores, none over CHUNK_MAX_BYTES (nor
+# so that a window has a unit for each of the read's cores, none over CHUNK_MAX_BYTES (nor
 # under CHUNK_MIN_BYTES). A task reads a run of consecutive units in order: a run for each core,
 # or a multiple of the cores when a run would read more than RUN_MAX_BYTES, and at most
 # MAX_READ_TASKS runs.
@@ -311,9 +318,13 @@ def _sizes(root: Location, offsets: Mapping[str, Any]) -> list[int]:
     return [_size(root / f) for f in files]
 
 
-def _whole_in_one_task(sizes: list[int]) -> bool:
-    """Files read whole, by one task: in file and line order."""
-    return max(sizes) < WHOLE_READ_MAX_BYTES and sum(sizes) <= ONE_TASK_MAX_BYTES
+def _whole_in_one_task(sizes: list[int], cores: int) -> bool:
+    """Files read whole, by one task: in file and line order (`cores`: the read's share of
+    the session's, `_read_cores`)."""
+    total = sum(sizes)
+    return max(sizes) < WHOLE_READ_MAX_BYTES and (
+        total <= ONE_TASK_MAX_BYTES or (cores < 2 and total < WHOLE_READ_MAX_BYTES)
+    )
 
 
 def _check_planned(problems: list[str]) -> None:
@@ -345,11 +356,11 @@ def _read_whole(
     object store are read alike (Spark's Hadoop filesystem has no S3 here).
     """
 
-    if _whole_in_one_task(sizes):
+    cores = _read_cores(spark)
+    if _whole_in_one_task(sizes, cores):
         units: list[Unit] = [(i, 0, None) for i in range(len(files))]
         tasks = 1
     else:
-        cores = _parallelism(spark)
         units = _read_units(sizes, cores)
         tasks = _read_runs(len(units), sum(sizes), cores)
 
@@ -388,13 +399,29 @@ def _read_runs(units: int, total: int, cores: int) -> int:
 Unit = tuple[int, int, int | None]
 
 
+def _read_cores(spark: SparkSession) -> int:
+    """The cores a window's read is spread over: half the session's (`_parallelism`).
+
+    A run keeps two windows in flight, the next one read and computed while the one before it
+    is written and committed (the writers' tasks, the driver's commit, the sinks' servers). On
+    2 cores a window read by one task, planned once and deduplicated as it passes, was faster
+    at every size than the same window read by a run of files a core (0.80-0.93x the peer
+    against 0.90-1.26x at 100,000 to 1,000,000 rows a window, docs/benchmarks.md): the other
+    core was never idle. With 4 cores and more, a large window is read in runs."""
+    return max(1, _parallelism(spark) // 2)
+
+
 def _parallelism(spark: SparkSession) -> int:
-    """The session's cores as Spark counts them (`spark.default.parallelism`), else this
-    machine's."""
+    """The session's cores as Spark counts them (`spark.default.parallelism`, else its
+    executors' cores), else this machine's."""
     try:
-        return max(1, int(spark.conf.get("spark.default.parallelism", "0") or 0))
+        configured = int(spark.conf.get("spark.default.parallelism", "0") or 0)
     except (ValueError, TypeError):
-        pass
+        configured = 0
+    if configured > 0:
+        return configured
+    if window_params.supported(spark):  # a session with a SparkContext: a cluster's count
+        return max(1, spark.sparkContext.defaultParallelism)
     return max(1, os.cpu_count() or 1)
 
 

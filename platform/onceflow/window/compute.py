@@ -181,7 +181,7 @@ def _planned_outputs(
         or not window_params.supported(spark)
     ):
         return None
-    read = job.source.window_read(ctx.settings, window.offsets)
+    read = job.source.window_read(spark, ctx.settings, window.offsets)
     if read is None:
         return None
     slot = ctx.plans.slot_base + window.window_id % 2
