@@ -31,13 +31,8 @@ def kept_once(df: DataFrame) -> list[str]:
     included) whose results a second execution of the plan would take again, by name."""
     found: list[str] = []
     stack: list[Any] = [df._jdf.queryExecution().executedPlan()]
-    seen: set[int] = set()
-    while stack:
+    while stack:  # a tree: a cached relation read twice is walked twice
         node = stack.pop()
-        key = node.hashCode()
-        if key in seen:
-            continue
-        seen.add(key)
         name = node.nodeName()
         if any(part in name for part in _KEPT_ONCE):
             found.append(name)
