@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import reduce
 from typing import TYPE_CHECKING, Any
@@ -23,6 +23,7 @@ from onceflow import _window_params as window_params
 from onceflow._identifiers import spark_sql_name, spark_sql_string
 from onceflow._keylookup import KEY_COL, SEEN_COL, SeenLookup, null_key_columns
 from onceflow._plan_reruns import reruns_afresh
+from onceflow._varying import varying
 from onceflow.errors import ConfigurationError
 from onceflow.job import Job, WindowContext, check_outputs
 from onceflow.sources.base import RAW_TEXT_COLUMN, REASON_COLUMN, ArrowParse, BatchFunction
@@ -400,6 +401,22 @@ class _WatchedContext(WindowContext):
         return bool(self.__dict__.get("_window_column_used", False))
 
 
+def _check_deterministic(job: Job, outputs: Mapping[str, DataFrame]) -> None:
+    """Raises ConfigurationError if an output of a job declared deterministic uses an
+    expression whose value varies from one computation to the next (`_varying`)."""
+    for name, df in sorted(outputs.items()):
+        found = varying(df)
+        if found:
+            raise ConfigurationError(
+                f"job {job.name}: it declares deterministic=True, but its output {name!r} uses "
+                f"{', '.join(found)}, which gives other values each time the window is "
+                "computed: a replay would give the sinks other rows than the first run wrote. "
+                "Remove deterministic=True (each window's outputs are then computed once and "
+                "staged for every sink and retry), or derive the value from the input. "
+                "Nothing was written."
+            )
+
+
 def _reads_only_its_window(df: DataFrame) -> bool:
     """Every leaf of `df`'s plan is a range (the planned read's, or the transform's own): no
     table, file or rows that a plan made once would keep from its first window."""
@@ -519,6 +536,8 @@ def compute(
     }
     try:
         check_outputs(job, outputs)
+        if job.deterministic and window_params.supported(spark):
+            _check_deterministic(job, outputs)
     except ConfigurationError:
         for df in (kept, parsed):
             df.unpersist()

@@ -8,6 +8,7 @@ Delta."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from onceflow import (
     Settings,
     WindowContext,
 )
+from onceflow.errors import ConfigurationError
 from onceflow.sinks.writers import WritersPlan
 from onceflow.window import prepare as prepare_module
 
@@ -294,3 +296,25 @@ def test_a_plan_whose_steps_exchange_rows_computes_each_windows_own(
     planning = Planning()
     _run(spark, pg_dsn, tmp_path, lake, landing, getattr(planning, transform), transform)
     assert planning.calls == 2
+
+
+def _stamped(rows: DataFrame, ctx: WindowContext) -> Mapping[str, DataFrame]:
+    """Points drawn at random: other values each time the window is computed."""
+    drawn = rows.withColumn("points", (F.rand() * 100).cast("bigint"))
+    return _outputs(drawn.withColumn("_window_id", ctx.window_id_column()))
+
+
+def test_a_deterministic_job_whose_output_varies_is_refused_before_any_write(
+    spark, pg_dsn: str, tmp_path: Path, lake: Path, landing: Path
+) -> None:
+    _land(landing, "stamped")
+    settings = Settings(home=tmp_path / "home", postgres_dsn=pg_dsn, lake=lake, landing=landing)
+    job = _job(_stamped, "stamped")
+    with pytest.raises(ConfigurationError, match=r"declares deterministic=True, but its output "
+                       r"'events' uses rand\(\).*Remove deterministic=True"):  # fmt: skip
+        Engine(job, settings, spark, pg_dsn).run(max_units_per_window=1)
+    assert not (lake / "stamped" / "events").exists()
+    # Not declared deterministic: each window's outputs are computed once and staged.
+    staged = dataclasses.replace(job, deterministic=False)
+    result = Engine(staged, settings, spark, pg_dsn).run(max_units_per_window=1)
+    assert [w.window_id for w in result.windows] == list(range(1, len(WINDOWS) + 1))
