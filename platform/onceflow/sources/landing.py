@@ -348,7 +348,7 @@ def _read_whole(
     """The lines of `files`, read and split by the Python step that then passes them through
     `then` (output `schema`): a small window by one task, a larger one in read units (a file,
     or a large file's byte range: `_read_units`), a run of consecutive units a task
-    (`_read_runs`), so that every core has a share.
+    (`_read_runs`), so that every core of the read (`_read_cores`) has a share.
 
     The step's input is `spark.range` over the read units' positions, the names travelling in
     the step's closure: two DataFrame operations to plan, where Spark's binary-file reader lists
