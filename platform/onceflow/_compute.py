@@ -62,9 +62,6 @@ class Computed:
     # The JVM RDDs holding the cached rows once found (`_cache_rdds`); empty: not yet, or the
     # session cannot give them (then the entries are dropped and made anew each window).
     _rdds: list[Any] = dataclasses.field(default_factory=list, repr=False, compare=False)
-    # Non-empty once the cached frames' plans were found to keep results of a first execution
-    # (`_plan_reruns`): their entries are made anew each window.
-    _replanned: list[bool] = dataclasses.field(default_factory=list, repr=False, compare=False)
 
     def counts_frame(self) -> DataFrame:
         """The window's counts as a measure of its write job (`sinks.writers.run_writers`): JSON
@@ -96,13 +93,8 @@ class Computed:
     def cache_kept(self) -> bool:
         """Whether the cache entries stay from window to window (queries over them planned
         once stay right); found on first use."""
-        if self.any_window and not self._rdds and not self._replanned:
-            frames = self._cached_frames()
-            # Cached again from their RDDs' lineage: any result it kept would be taken again.
-            if all(reruns_afresh(df) for df in frames):
-                self._rdds.extend(_cache_rdds(frames))
-            else:
-                self._replanned.append(True)
+        if self.any_window and not self._rdds:
+            self._rdds.extend(_cache_rdds(self._cached_frames()))
         return bool(self._rdds)
 
     def persist(self) -> None:
@@ -543,7 +535,14 @@ def compute(
             df.unpersist()
         raise
     if slot is not None:
-        any_window = any_window and all(_reads_only_its_window(df) for df in outputs.values())
+        # The cached rows are cached again from their plan's lineage each window: a result it
+        # kept from the first (`_plan_reruns`) would be taken again.
+        cached = [parsed] if deduped else [parsed, kept]
+        any_window = (
+            any_window
+            and all(_reads_only_its_window(df) for df in outputs.values())
+            and all(reruns_afresh(df) for df in cached)
+        )
     else:
         any_window = False
     return Computed(

@@ -26,20 +26,23 @@ if TYPE_CHECKING:
 _KEPT_ONCE = ("Exchange", "Subquery", "QueryStage", "AdaptiveSparkPlan")
 
 
-def kept_once(df: DataFrame) -> list[str]:
-    """The operators of `df`'s physical plan (its cached relations' plans and its subqueries
-    included) whose results a second execution of the plan would take again, by name."""
-    found: list[str] = []
-    stack: list[Any] = [df._jdf.queryExecution().executedPlan()]
-    while stack:  # a tree: a cached relation read twice is walked twice
+def plan_nodes(plan: Any) -> Iterator[Any]:
+    """Every node of a JVM query plan: its children's, its cached relations' plans and its
+    subqueries' (a tree: a relation read twice is walked twice)."""
+    stack = [plan]
+    while stack:
         node = stack.pop()
-        name = node.nodeName()
-        if any(part in name for part in _KEPT_ONCE):
-            found.append(name)
+        yield node
         for related in ("children", "innerChildren", "subqueries"):
             items = getattr(node, related)()
             stack.extend(items.apply(i) for i in range(items.size()))
-    return found
+
+
+def kept_once(df: DataFrame) -> list[str]:
+    """The operators of `df`'s physical plan (its cached relations' plans and its subqueries
+    included) whose results a second execution of the plan would take again, by name."""
+    names = (node.nodeName() for node in plan_nodes(df._jdf.queryExecution().executedPlan()))
+    return [name for name in names if any(part in name for part in _KEPT_ONCE)]
 
 
 def reruns_afresh(df: DataFrame) -> bool:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from onceflow._plan_reruns import plan_nodes
+
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
@@ -33,14 +35,9 @@ def varying(df: DataFrame) -> list[str]:
     if plan.deterministic() and not any(text in plan.toString() for text in _CLOCK.values()):
         return []
     found: list[str] = []
-    nodes: list[Any] = [plan]
-    while nodes:
-        node = nodes.pop()
+    for node in plan_nodes(plan):
         expressions = node.expressions()
         found.extend(_varying_in([expressions.apply(i) for i in range(expressions.size())]))
-        for related in ("children", "innerChildren", "subqueries"):
-            items = getattr(node, related)()
-            nodes.extend(items.apply(i) for i in range(items.size()))
     return sorted(set(found))
 
 

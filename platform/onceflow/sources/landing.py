@@ -220,7 +220,7 @@ class LandingSource(LandingFiles):
     ) -> dict[str, Any] | None:
         files = list(offsets.get("files", []))
         sizes = _sizes(settings.landing, offsets)
-        if not files or not _whole_in_one_task(sizes, _read_cores(spark)):
+        if not files or not _whole_in_one_task(spark, sizes):
             return None
         _check_planned(self.check_available(settings, offsets))
         return {"files": files}
@@ -243,7 +243,7 @@ class LandingSource(LandingFiles):
         self, spark: SparkSession, settings: Settings, offsets: Mapping[str, Any]
     ) -> bool:
         sizes = _sizes(settings.landing, offsets)
-        return bool(sizes) and _whole_in_one_task(sizes, _read_cores(spark))
+        return bool(sizes) and _whole_in_one_task(spark, sizes)
 
     def reads_in_runs(
         self, spark: SparkSession, settings: Settings, offsets: Mapping[str, Any]
@@ -318,13 +318,13 @@ def _sizes(root: Location, offsets: Mapping[str, Any]) -> list[int]:
     return [_size(root / f) for f in files]
 
 
-def _whole_in_one_task(sizes: list[int], cores: int) -> bool:
-    """Files read whole, by one task: in file and line order (`cores`: the read's share of
-    the session's, `_read_cores`)."""
+def _whole_in_one_task(spark: SparkSession, sizes: list[int]) -> bool:
+    """Files read whole, by one task: in file and line order. The session is asked for its
+    cores (`_read_cores`) only for a window over ONE_TASK_MAX_BYTES."""
     total = sum(sizes)
-    return max(sizes) < WHOLE_READ_MAX_BYTES and (
-        total <= ONE_TASK_MAX_BYTES or (cores < 2 and total < WHOLE_READ_MAX_BYTES)
-    )
+    if max(sizes) >= WHOLE_READ_MAX_BYTES:
+        return False
+    return total <= ONE_TASK_MAX_BYTES or (total < WHOLE_READ_MAX_BYTES and _read_cores(spark) < 2)
 
 
 def _check_planned(problems: list[str]) -> None:
@@ -356,11 +356,11 @@ def _read_whole(
     object store are read alike (Spark's Hadoop filesystem has no S3 here).
     """
 
-    cores = _read_cores(spark)
-    if _whole_in_one_task(sizes, cores):
+    if _whole_in_one_task(spark, sizes):
         units: list[Unit] = [(i, 0, None) for i in range(len(files))]
         tasks = 1
     else:
+        cores = _read_cores(spark)
         units = _read_units(sizes, cores)
         tasks = _read_runs(len(units), sum(sizes), cores)
 
