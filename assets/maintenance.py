@@ -90,6 +90,7 @@ def build_maintenance(spec: Job, *, cron: str = MAINTENANCE_CRON) -> tuple[Any, 
                     "lineage_rows_dropped": MetadataValue.int(detail.lineage_rows),
                     "contribution_rows_dropped": MetadataValue.int(detail.contribution_rows),
                     "commit_markers_folded": MetadataValue.int(detail.folded_records),
+                    "window_plans_folded": MetadataValue.int(detail.folded_plans),
                 },
             )
 

@@ -22,15 +22,8 @@ if TYPE_CHECKING:
 
 
 def _windows(ledger: Ledger, where: str, params: Sequence[Any], what: str) -> list[Window]:
-    from onceflow.ledger import Window
-
     # `where` is one of this module's constant conditions, never input.
-    query = sql.SQL(
-        "SELECT window_id, offsets, epoch, stats, completed_at IS NOT NULL, skip_reason"
-        " FROM onceflow.windows w WHERE job = %s AND {} ORDER BY window_id"
-    ).format(sql.SQL(where))  # type: ignore[arg-type]
-    rows = ledger.read(what, lambda conn: conn.execute(query, (ledger.job, *params)).fetchall())
-    return [Window(ledger.job, int(w), o, int(e), s, bool(c), r) for w, o, e, s, c, r in rows]
+    return ledger.windows_where(sql.SQL(where), params, what)  # type: ignore[arg-type]
 
 
 def contiguous_through(ledger: Ledger, verified: Verified | None = None) -> int:

@@ -30,7 +30,8 @@ CREATE TABLE IF NOT EXISTS onceflow.jobs (
 CREATE TABLE IF NOT EXISTS onceflow.windows (
     job text NOT NULL,
     window_id bigint NOT NULL,
-    offsets jsonb NOT NULL,
+    -- NULL (with `stats`) once folded past the detail horizon (`onceflow._plans_folded`).
+    offsets jsonb,
     epoch bigint NOT NULL,
     planned_at timestamptz NOT NULL DEFAULT now(),
     stats jsonb,
@@ -45,6 +46,12 @@ DO $$ BEGIN
                    AND table_name = 'windows' AND column_name = 'skip_reason') THEN
         ALTER TABLE onceflow.windows ADD COLUMN skipped_at timestamptz,
                                      ADD COLUMN skip_reason text;
+    END IF;
+    -- Ledgers made before plans were folded let a folded window's offsets go once.
+    IF EXISTS (SELECT 1 FROM information_schema.columns WHERE table_schema = 'onceflow'
+               AND table_name = 'windows' AND column_name = 'offsets'
+               AND is_nullable = 'NO') THEN
+        ALTER TABLE onceflow.windows ALTER COLUMN offsets DROP NOT NULL;
     END IF;
 END $$;
 CREATE TABLE IF NOT EXISTS onceflow.source_units (

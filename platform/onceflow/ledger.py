@@ -19,11 +19,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import psycopg
 from psycopg import sql
 
+from onceflow import _plans_folded as plans_folded
 from onceflow import faults
 from onceflow._identifiers import session_name
 from onceflow._ledger_requests import Abandonments, Restatement, Restatements
 from onceflow._ledger_schema import DDL as _DDL
 from onceflow._ledger_schema import DETAIL_DDL, VERIFIED_DDL
+from onceflow._plans_folded import FOLDED_DDL as PLANS_FOLDED_DDL
 from onceflow.errors import FencedError, LedgerError
 from onceflow.lineage import ensure_view
 from onceflow.postgres import Sessions, connect, retrying
@@ -164,6 +166,7 @@ class Ledger(Restatements, Abandonments):
             conn.execute(_DDL)
             conn.execute(DETAIL_DDL)
             conn.execute(VERIFIED_DDL)
+            conn.execute(PLANS_FOLDED_DDL)
             conn.execute(SINK_STATE_DDL)
             ensure_view(conn)
 
@@ -291,31 +294,24 @@ class Ledger(Restatements, Abandonments):
 
     def windows(self, *, pending_only: bool = False, since: int = 0) -> list[Window]:
         """The job's windows in order; `pending_only`: those not completed nor skipped."""
-        query = sql.SQL(
-            "SELECT window_id, offsets, epoch, stats, completed_at IS NOT NULL, skip_reason"
-            " FROM onceflow.windows WHERE job = %s AND window_id > %s {} ORDER BY window_id"
-        ).format(
-            sql.SQL("AND completed_at IS NULL AND skipped_at IS NULL")
-            if pending_only
-            else sql.SQL("")
+        where = "window_id > %s" + (
+            " AND completed_at IS NULL AND skipped_at IS NULL" if pending_only else ""
         )
-        rows = self.read(
-            "read the windows", lambda conn: conn.execute(query, (self.job, since)).fetchall()
-        )
-        return [Window(self.job, int(w), o, int(e), s, bool(c), r) for w, o, e, s, c, r in rows]
+        return self.windows_where(sql.SQL(where), (since,), "read the windows")
 
     def window(self, window_id: int) -> Window | None:
-        row = self.read(
-            f"read window {window_id}",
-            lambda conn: conn.execute(
-                "SELECT offsets, epoch, stats, completed_at IS NOT NULL, skip_reason"
-                " FROM onceflow.windows WHERE job = %s AND window_id = %s",
-                (self.job, window_id),
-            ).fetchone(),
+        found = self.windows_where(
+            sql.SQL("window_id = %s"), (window_id,), f"read window {window_id}"
         )
-        if row is None:
-            return None
-        return Window(self.job, window_id, row[0], int(row[1]), row[2], bool(row[3]), row[4])
+        return found[0] if found else None
+
+    def windows_where(
+        self, where: sql.Composable, params: Sequence[Any], what: str
+    ) -> list[Window]:
+        """The job's windows matching `where` (a condition of the caller's, never input), in
+        order, with their plans (a folded plan read back from its folded row)."""
+        rows = self.read(what, lambda conn: plans_folded.window_rows(conn, self.job, where, params))
+        return [Window(self.job, int(w), o, int(e), s, bool(c), r) for w, o, s, e, c, r in rows]
 
     def last_window_id(self) -> int:
         row = self.read(
@@ -346,13 +342,17 @@ class Ledger(Restatements, Abandonments):
         """The offsets of the newest planned window (None before the first)."""
         row = self.read(
             "read the last window's offsets",
-            lambda conn: conn.execute(
-                "SELECT offsets FROM onceflow.windows WHERE job = %s"
-                " ORDER BY window_id DESC LIMIT 1",
-                (self.job,),
-            ).fetchone(),
+            lambda conn: plans_folded.fill(
+                conn,
+                self.job,
+                conn.execute(
+                    "SELECT window_id, offsets, stats FROM onceflow.windows WHERE job = %s"
+                    " ORDER BY window_id DESC LIMIT 1",
+                    (self.job,),
+                ).fetchall(),
+            ),
         )
-        return None if row is None else dict(row[0])
+        return dict(row[0][1]) if row else None
 
     def plan_window(self, epoch: int, offsets: dict[str, Any], units: Iterable[str]) -> Window:
         """Write a new window ahead of processing it (fenced; its units are taken for good).
@@ -456,7 +456,10 @@ class Ledger(Restatements, Abandonments):
         self.write(
             f"record window {window_id}'s stats",
             lambda conn: conn.execute(
-                "UPDATE onceflow.windows SET stats = %s WHERE job = %s AND window_id = %s",
+                # A folded window's stats stay in its folded row (a replay of it counts the
+                # same rows).
+                "UPDATE onceflow.windows SET stats = %s WHERE job = %s AND window_id = %s"
+                " AND offsets IS NOT NULL",
                 (json.dumps(stats), self.job, window_id),
             ),
         )

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from psycopg import sql
+
+from onceflow._plans_folded import Plan, unfold
 
 if TYPE_CHECKING:
     import psycopg
@@ -182,7 +184,10 @@ def read_lineage(conn: psycopg.Connection, job: str, *, limit: int = 20) -> list
         " checks, checks_failed, checks_passed, checked_at"
         " FROM {} WHERE job = %s ORDER BY window_id DESC LIMIT %s"
     ).format(_ident(VIEW))
-    rows = conn.execute(query, (job, limit)).fetchall()
+    fetched = conn.execute(query, (job, limit)).fetchall()
+    # A window folded past the detail horizon has its plan and stats in its folded row.
+    plans = unfold(conn, job, [int(r[1]) for r in fetched if r[3] is None])
+    rows = [_unfolded(r, plans) for r in fetched]
     return [
         LineageRow(
             job=str(r[0]),
@@ -207,6 +212,16 @@ def read_lineage(conn: psycopg.Connection, job: str, *, limit: int = 20) -> list
         )
         for r in rows
     ]
+
+
+def _unfolded(row: tuple[Any, ...], plans: Mapping[int, Plan]) -> tuple[Any, ...]:
+    """The view's row of a folded window with its plan and the counts of its stats."""
+    if row[3] is not None:
+        return row
+    plan = plans[int(row[1])]
+    stats = plan.stats or {}
+    counts = [stats.get(k) for k in ("rows_in", "kept", "duplicates", "quarantined")]
+    return (*row[:3], plan.offsets, *row[4:7], *counts, stats.get("outputs") or {}, *row[12:])
 
 
 def _opt_int(value: Any) -> int | None:

@@ -58,6 +58,7 @@ LEDGER_TABLES = (
     "contributions",
     "ledger_verified",
     "ledger_removals",
+    "window_plans_folded",
 )
 # Tables of the `onceflow` schema that are a sink's data, not the ledger's.
 SINK_TABLES = ("quarantine",)

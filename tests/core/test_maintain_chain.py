@@ -16,6 +16,7 @@ import threading
 import time
 from pathlib import Path
 
+import psycopg
 import pytest
 from deltalake import DeltaTable
 
@@ -53,6 +54,14 @@ def _kept_files_on_disk(lake: Path, keep: int) -> None:
         snapshot = DeltaTable(str(path), version=version)
         for file in snapshot.get_add_actions(flatten=True).column("path").to_pylist():
             assert relative(table, file) in on_disk, (version, file)
+
+
+def _folded_plans(dsn: str, job: str) -> int:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM onceflow.windows WHERE job = %s AND offsets IS NULL", (job,)
+        ).fetchone()
+    return int(row[0]) if row else 0
 
 
 def test_daily_totals_exact_while_payments_is_maintained(
@@ -106,8 +115,15 @@ def test_daily_totals_exact_while_payments_is_maintained(
     assert [h.job for h in table.binding] == ["daily_totals"], lagging.lines()
     _kept_files_on_disk(lake, table.keep_version)
 
-    # 3. daily_totals reads on, one version per window, with maintenance between its windows.
-    totals.run(max_units_per_window=1, on_window=lambda _: maintain(orphan_age_s=0))
+    # 3. daily_totals reads on, one version per window, with maintenance between its windows:
+    #    payments' tables vacuumed past what daily_totals read, and daily_totals' own windows
+    #    folded past its detail horizon as they complete (its plans, which that horizon reads).
+    def maintain_both(_: object) -> None:
+        maintain(orphan_age_s=0)
+        ops.maintain(totals_job, settings, dsn=pg_dsn, jobs=jobs, keep_detail_days=0)
+
+    totals.run(max_units_per_window=1, on_window=maintain_both)
+    assert _folded_plans(pg_dsn, "daily_totals") > 0
     truth = _both_oracles(landing, lake)
     assert sum(c for _, c in truth.values()) == 500
     assert_totals_exact(truth, pg_dsn, "second batch, maintained between windows")

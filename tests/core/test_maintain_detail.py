@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import signal
 import threading
 import time
@@ -21,11 +22,13 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from onceflow import _plans_folded as plans_folded
 from onceflow import ops
 from onceflow.engine import Engine
-from onceflow.errors import SinkError
+from onceflow.errors import LedgerError, SinkError, SinkStateError
 from onceflow.generate import generate_payments
 from onceflow.maintain import _detail
+from onceflow.reconcile import reconcile
 from onceflow.registry import get_job
 from onceflow.restate import restate_windows
 from onceflow.settings import Settings
@@ -94,6 +97,57 @@ def _marker_answers(settings: Settings, pg_dsn: str, spark: Any) -> dict[str, An
     }
 
 
+def _plan_answers(settings: Settings, pg_dsn: str, spark: Any) -> dict[str, Any]:
+    """Everything the windows' plans and stats answer: every window as the ledger reads it
+    (whole, one by one, the newest offsets, the scans of a start-up), the lineage view's plan
+    and counts, and the Delta quality suite's row count against the ledger."""
+    from onceflow import _ledger_scan
+    from onceflow.lineage import lineage
+
+    ledger = Engine(get_job(JOB), settings, spark, pg_dsn).ledger
+    every = ledger.windows()
+    validation = ops.validate(get_job(JOB), settings, spark=spark, dsn=pg_dsn)
+    return {
+        "windows": [dataclasses.astuple(w) for w in every],
+        "one_by_one": [dataclasses.astuple(ledger.window(w.window_id)) for w in every],
+        "last_offsets": ledger.last_offsets(),
+        "scan": [
+            dataclasses.astuple(w)
+            for w in _ledger_scan._windows(ledger, "window_id > %s", (1,), "scan")
+        ],
+        "lineage": [
+            (
+                r.window_id,
+                r.offsets,
+                r.rows_in,
+                r.rows_out,
+                r.duplicates,
+                r.quarantined,
+                r.rows_by_output,
+            )
+            for r in lineage(pg_dsn, JOB, limit=10)
+        ],
+        "row_counts": sorted(
+            (r.sink, r.passed, {k: v for k, v in r.observed.items() if k != "delta_version"})
+            for r in validation.report.results
+            if r.check == "row_count"
+        ),
+    }
+
+
+def _folded_rows(dsn: str) -> tuple[int, int]:
+    """(windows rows whose plan is folded, folded plan rows) of the job."""
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            "SELECT (SELECT count(*) FROM onceflow.windows WHERE job = %(job)s"
+            "        AND offsets IS NULL AND stats IS NULL),"
+            " (SELECT count(*) FROM onceflow.window_plans_folded WHERE job = %(job)s)",
+            {"job": JOB},
+        ).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
 def _pruned(dsn: str) -> dict[str, tuple[int, int, int]]:
     with psycopg.connect(dsn) as conn:
         rows = conn.execute(
@@ -128,7 +182,10 @@ def test_detail_past_the_horizon_goes_its_sums_stay_and_restating_it_is_refused(
     before = _counts(pg_dsn)
     lineage = _lineage_sums(pg_dsn)
     answers = _marker_answers(settings, pg_dsn, spark)
+    plans = _plan_answers(settings, pg_dsn, spark)
     assert answers["exists"] == [False, True, True, True, True, False, False, False]
+    assert len(plans["windows"]) == 4 and all(p[2] for p in plans["windows"])  # offsets
+    assert all(passed for _, passed, _ in plans["row_counts"]), plans["row_counts"]
     assert len(answers["recorded"]) == 4 * len(answers["status"])
     assert before["window_contributions"] == 4 and before["sink_versions"] > 0
 
@@ -151,6 +208,7 @@ def test_detail_past_the_horizon_goes_its_sums_stay_and_restating_it_is_refused(
         "lineage_rows": before["sink_versions"],
         "contribution_rows": 4,
         "folded_records": before["sink_commits"],
+        "folded_plans": 4,
     }
     after = _counts(pg_dsn)
     assert after["sink_versions"] == 0 and after["window_contributions"] == 0
@@ -159,6 +217,10 @@ def test_detail_past_the_horizon_goes_its_sums_stay_and_restating_it_is_refused(
     assert after["windows"] == before["windows"] and after["sink_commits"] == 0
     assert after["sink_commits_folded"] == 2 * len(answers["status"])
     assert _marker_answers(settings, pg_dsn, spark) == answers
+    # The plans and stats are folded (a row per transaction), and answer every reader as
+    # they did.
+    assert _folded_rows(pg_dsn) == (4, 2)
+    assert _plan_answers(settings, pg_dsn, spark) == plans
     pruned = _pruned(pg_dsn)
     assert {s: (w, r) for s, (_, w, r) in pruned.items() if w} == lineage
     assert {t for t, _, _ in pruned.values()} == {4}
@@ -390,3 +452,127 @@ def test_a_restatement_racing_the_drop_is_applied_whole_or_refused(
     ops.maintain(job, settings, dsn=pg_dsn, jobs=[job], keep_detail_days=0)
     assert _counts(pg_dsn)["window_contributions"] == 0
     assert ops.validate(job, settings, spark=spark, dsn=pg_dsn).passed
+
+
+def test_folded_plans_answer_the_quality_sums_by_their_totals_or_window_by_window(
+    spark: Any, settings: Settings, pg_dsn: str, landing: Path
+) -> None:
+    """A folded row's sums where it holds every window asked about; its plans one by one
+    where a window is abandoned for the sink or the point cuts through it: the same counts."""
+    generate_payments(landing, records=900, files=5, duplicate_rate=0.2, invalid_rate=0.1, seed=21)
+    job = get_job(JOB)
+    Engine(job, settings, spark, pg_dsn).run(max_units_per_window=1)  # windows 1-5
+    stats = {w.window_id: w.stats for w in Engine(job, settings, spark, pg_dsn).ledger.windows()}
+    counts = {w: int(s["outputs"]["payments"]) for w, s in stats.items()}
+    ops.maintain(job, settings, dsn=pg_dsn, jobs=[job], keep_detail_days=0)
+    assert _folded_rows(pg_dsn) == (5, 1)
+    with psycopg.connect(pg_dsn) as conn:
+        whole = plans_folded.output_sums(conn, JOB, "payments", set())
+        assert whole == plans_folded.OutputSums(0, sum(counts.values()), 0)
+        assert plans_folded.output_sums(conn, JOB, "no_such_output", set()) == (
+            plans_folded.OutputSums(5, 0, 0)
+        )
+        gap = plans_folded.output_sums(conn, JOB, "payments", {2})
+        assert gap == plans_folded.OutputSums(0, sum(counts.values()) - counts[2], counts[2])
+        cut = plans_folded.output_sums(conn, JOB, "payments", set(), through=3)
+        assert cut == plans_folded.OutputSums(0, counts[1] + counts[2] + counts[3], 0)
+
+
+def test_a_lost_delta_table_is_replayed_from_folded_plans_while_maintenance_folds(
+    spark: Any, settings: Settings, pg_dsn: str, landing: Path, lake: Path
+) -> None:
+    """Windows folded, then the Delta table deleted: the run refuses, the reconcile replays
+    the windows from their folded plans and the next run goes on, while maintenance folds
+    over and over (each new window as soon as it completes). Exact, and still folded."""
+    generate_payments(landing, records=900, files=4, duplicate_rate=0.2, invalid_rate=0.1, seed=19)
+    job = get_job(JOB)
+    Engine(job, settings, spark, pg_dsn).run(max_units_per_window=1)  # windows 1-4
+    assert (
+        ops.maintain(job, settings, dsn=pg_dsn, jobs=[job], keep_detail_days=0).detail.folded_plans
+        == 4
+    )
+    shutil.rmtree(lake / "payments")  # the lake_payments table, from outside
+    generate_payments(landing, records=300, files=2, seed=20)
+    files = visible_files(landing)
+    with pytest.raises(SinkStateError, match="lacks windows 1-4"):
+        Engine(job, settings, spark, pg_dsn).run(max_units_per_window=1)
+
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def keep_maintaining() -> None:
+        while not stop.is_set():
+            try:
+                ops.maintain(job, settings, dsn=pg_dsn, jobs=[job], keep_detail_days=0)
+            except Exception as exc:
+                errors.append(exc)
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=keep_maintaining)
+    thread.start()
+    try:
+        report = reconcile(Engine(job, settings, spark, pg_dsn))
+        assert report.replayed == {"lake_payments": [1, 2, 3, 4]} and report.clean, report
+        result = Engine(job, settings, spark, pg_dsn).run(max_units_per_window=1)
+        assert [w.window_id for w in result.windows] == [5, 6]
+    finally:
+        stop.set()
+        thread.join()
+    assert not errors, errors
+    assert_exact(
+        expected_outputs(landing, windows=[[f] for f in files]), actual_outputs(pg_dsn, lake)
+    )
+    ops.maintain(job, settings, dsn=pg_dsn, jobs=[job], keep_detail_days=0)
+    assert _folded_rows(pg_dsn)[0] == 6
+    assert ops.validate(job, settings, spark=spark, dsn=pg_dsn).passed
+
+
+def test_folded_plans_lost_are_named_and_nothing_is_computed(
+    spark: Any, settings: Settings, pg_dsn: str, landing: Path, lake: Path
+) -> None:
+    generate_payments(landing, records=400, files=2, duplicate_rate=0.1, seed=22)
+    job = get_job(JOB)
+    Engine(job, settings, spark, pg_dsn).run(max_units_per_window=1)  # windows 1-2
+    ops.maintain(job, settings, dsn=pg_dsn, jobs=[job], keep_detail_days=0)
+    with psycopg.connect(pg_dsn) as conn:
+        conn.execute("DELETE FROM onceflow.window_plans_folded WHERE job = %s", (JOB,))
+    shutil.rmtree(lake / "payments")
+    with pytest.raises(LedgerError, match=r"onceflow\.window_plans_folded no longer holds them"):
+        reconcile(Engine(job, settings, spark, pg_dsn))
+    assert not (lake / "payments").exists()
+
+
+def test_a_folded_window_is_restated_from_its_folded_plan(
+    spark: Any, settings: Settings, pg_dsn: str, landing: Path, lake: Path
+) -> None:
+    """The payments job without its accumulating sink (no contribution to lose at the
+    horizon): a reconcile recomputes every window from the folded plans, and a window whose
+    plan is folded is restated from it; exact."""
+
+    def no_balances(job: Any) -> Any:
+        return dataclasses.replace(
+            job, sinks=tuple(s for s in job.sinks if s.name != "pg_merchant_balances")
+        )
+
+    generate_payments(landing, records=900, files=4, duplicate_rate=0.2, invalid_rate=0.1, seed=23)
+    files = visible_files(landing)
+    job, flat = no_balances(get_job(JOB)), no_balances(FLAT_FEE)
+    Engine(job, settings, spark, pg_dsn).run(max_units_per_window=1)  # windows 1-4
+    assert (
+        ops.maintain(job, settings, dsn=pg_dsn, jobs=[job], keep_detail_days=0).detail.folded_plans
+        == 4
+    )
+    report = ops.reconcile(job, settings, spark=spark, dsn=pg_dsn, dry_run=True)
+    assert report.clean and report.windows_recomputed == 4, report
+    restate_windows(Engine(flat, settings, spark, pg_dsn), [2], request_id="folded")
+    expected = _flat_fee_expected(
+        expected_outputs(landing, windows=[[f] for f in files]), {files[1]}
+    )
+    diffs = diff_outputs(expected, actual_outputs(pg_dsn, lake))
+    assert {name: d.exact for name, d in diffs.items()} == {
+        "delta payments": True,
+        "pg payments": True,
+        "merchant_balances": False,  # not a sink of this job
+        "quarantine": True,
+    }, diffs
+    assert _folded_rows(pg_dsn) == (4, 1)

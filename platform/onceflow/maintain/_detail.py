@@ -18,9 +18,9 @@ that row).
 
 What the recovery paths read stays: the windows' plans and units, the key index (a start-up,
 a replay, a reconcile and a rebuild need them whatever the age), and the sinks' commit
-records, though a PostgreSQL sink's markers of those windows are folded into a row per run of
-windows (`SinkGroup.fold_records`, `onceflow.sinks.postgres._folded`) that answers every
-reader of them.
+records. Two of them are folded into a row per run of windows that answers every reader of
+them: a PostgreSQL sink's markers (`SinkGroup.fold_records`, `onceflow.sinks.postgres._folded`)
+and the windows' plans and stats (`onceflow._plans_folded`; each window keeps its row).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg import sql
 
+from onceflow import _plans_folded as plans_folded
 from onceflow import faults
 from onceflow.postgres import retrying
 
@@ -66,6 +67,7 @@ class DetailPruned:
         lineage_rows: `sink_versions` rows dropped (summed into `onceflow.detail_pruned`).
         contribution_rows: Accumulating sinks' contribution rows dropped.
         folded_records: Commit records folded into range rows (PostgreSQL sinks' markers).
+        folded_plans: Windows whose plan and stats were folded into range rows.
     """
 
     through: int
@@ -73,6 +75,7 @@ class DetailPruned:
     lineage_rows: int = 0
     contribution_rows: int = 0
     folded_records: int = 0
+    folded_plans: int = 0
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -81,6 +84,7 @@ class DetailPruned:
             "lineage_rows": self.lineage_rows,
             "contribution_rows": self.contribution_rows,
             "folded_records": self.folded_records,
+            "folded_plans": self.folded_plans,
         }
 
     def line(self, dry_run: bool) -> str:
@@ -92,7 +96,7 @@ class DetailPruned:
             f"{self.lineage_rows} lineage row(s) and {self.contribution_rows} contribution "
             f"row(s) (their sums kept in onceflow.detail_pruned); "
             f"{'would fold' if dry_run else 'folded'} {self.folded_records} commit marker(s) "
-            "into range rows"
+            f"and {self.folded_plans} window plan(s) into range rows"
         )
 
 
@@ -132,8 +136,9 @@ def prune_detail(ctx: JobContext, keep: timedelta, dry_run: bool) -> DetailPrune
                 faults.point("prune_locked")
             dropped = sum(group.forget_detail(conn, through) for group in ctx.groups)
             folded = sum(group.fold_records(conn, through) for group in ctx.groups)
+            plans = plans_folded.fold(conn, ctx.job.name, through)
             lineage = _fold_lineage(conn, ctx.job.name, sinks, through)
-            return DetailPruned(through, before, lineage, dropped, folded), horizon
+            return DetailPruned(through, before, lineage, dropped, folded, plans), horizon
 
     what = f"drop the ledger's detail (job {ctx.job.name})"
     done, horizon = retrying(attempt, what=what, dsn=ctx.dsn)
@@ -146,9 +151,15 @@ def prune_detail(ctx: JobContext, keep: timedelta, dry_run: bool) -> DetailPrune
             total.lineage_rows + done.lineage_rows,
             total.contribution_rows + done.contribution_rows,
             total.folded_records + done.folded_records,
+            total.folded_plans + done.folded_plans,
         )
     return DetailPruned(
-        done.through, before, total.lineage_rows, total.contribution_rows, total.folded_records
+        done.through,
+        before,
+        total.lineage_rows,
+        total.contribution_rows,
+        total.folded_records,
+        total.folded_plans,
     )
 
 

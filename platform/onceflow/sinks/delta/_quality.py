@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from deltalake import DeltaTable
 from psycopg import sql
 
+from onceflow import _plans_folded as plans_folded
 from onceflow._delta_read import open_table, read_table
 from onceflow._identifiers import spark_sql_name
 from onceflow.errors import ConfigurationError
@@ -25,7 +26,8 @@ if TYPE_CHECKING:
 # range without the output in its stats, or missing from the ledger, leaves the expected count
 # unknown, and that is reported rather than guessed. Skipped windows were held by no sink; a
 # window abandoned for the sink is a known gap: its rows are left out of the expected count
-# (and counted on their own as the gap's rows).
+# (and counted on their own as the gap's rows). A window folded past the detail horizon (NULL
+# offsets) keeps its stats in its folded row: counted by `_plans_folded.output_sums`.
 _DELTA_LEDGER = """
 SELECT count(*)::bigint,
        count(*) FILTER (WHERE NOT w.gap
@@ -34,8 +36,8 @@ SELECT count(*)::bigint,
            AND jsonb_typeof(w.stats -> 'outputs' -> %(output)s) = 'number'), 0)::bigint,
        coalesce(sum((w.stats -> 'outputs' ->> %(output)s)::bigint) FILTER (WHERE w.abandoned
            AND jsonb_typeof(w.stats -> 'outputs' -> %(output)s) = 'number'), 0)::bigint
-FROM (SELECT stats, skipped_at IS NOT NULL OR a.window_id IS NOT NULL AS gap,
-             a.window_id IS NOT NULL AS abandoned
+FROM (SELECT stats, skipped_at IS NOT NULL OR a.window_id IS NOT NULL OR offsets IS NULL AS gap,
+             a.window_id IS NOT NULL AND offsets IS NOT NULL AS abandoned
       FROM onceflow.windows
       LEFT JOIN {abandoned} a USING (job, window_id)
       WHERE job = %(job)s AND window_id <= %(version)s) w
@@ -49,7 +51,7 @@ SELECT coalesce(sum((stats -> 'outputs' ->> %(output)s)::bigint) FILTER (
            WHERE jsonb_typeof(stats -> 'outputs' -> %(output)s) = 'number'), 0)::bigint
 FROM onceflow.windows
 LEFT JOIN {abandoned} a USING (job, window_id)
-WHERE job = %(job)s AND completed_at IS NOT NULL AND a.window_id IS NULL
+WHERE job = %(job)s AND completed_at IS NOT NULL AND a.window_id IS NULL AND offsets IS NOT NULL
 """
 
 
@@ -228,6 +230,12 @@ def _check_delta(target: DeltaTableTarget, run: CheckRun) -> tuple[str, list[Che
             {"job": job, "output": target.expected_output, "version": committed or 0},
         ).fetchone()
         windows, without_stats, expected, gap_rows = (int(v) for v in row) if row else (0, 0, 0, 0)
+        folded = plans_folded.output_sums(
+            conn, job, target.expected_output, _abandoned(run, target.sink), committed or 0
+        )
+        without_stats += folded.without_count
+        expected += folded.rows
+        gap_rows += folded.abandoned_rows
         ledger["windows_missing_from_ledger"] = (committed or 0) - windows
         ledger["windows_without_stats"] = without_stats
         if gap_rows:
@@ -241,6 +249,9 @@ def _check_delta(target: DeltaTableTarget, run: CheckRun) -> tuple[str, list[Che
             {"job": job, "output": target.expected_output},
         ).fetchone()
         expected = int(row[0]) if row else 0
+        expected += plans_folded.output_sums(
+            conn, job, target.expected_output, _abandoned(run, target.sink)
+        ).rows
         ledger["table_missing"] = 1
     suite = delta_aggregate_suite(job, target, expected)
 
@@ -267,3 +278,12 @@ def _check_delta(target: DeltaTableTarget, run: CheckRun) -> tuple[str, list[Che
                 )
         results.append(result)
     return suite.name, results
+
+
+def _abandoned(run: CheckRun, sink: str) -> set[int]:
+    """The job's windows abandoned for `sink`."""
+    rows = run.conn.execute(
+        sql.SQL("SELECT window_id FROM {} a WHERE a.job = %s").format(run.abandoned(sink)),
+        (run.job,),
+    ).fetchall()
+    return {int(w) for (w,) in rows}
