@@ -13,8 +13,9 @@ A row with NULL `offsets` is folded. Every reader of a plan fills it from the fo
 (`unfold`, used by `Ledger.windows`, `Ledger.window`, the ledger's scans and the lineage view),
 so a replay, a restatement, a reconcile and `status` see the plan as it was; the Delta quality
 suite sums the folded outputs (`output_sums`). Folding changes nothing a commit reads: every
-window through the horizon is completed or skipped, `record_stats` leaves a folded row alone,
-and the fold runs in the transaction that holds the job's row.
+window through the horizon is completed or skipped, and the fold runs in the transaction that
+holds the job's row. A folded window counted again (a restatement, a replay) has its stats
+written into its folded record (`record_stats`).
 
 A windows row put back after a lost plan (`Ledger.restore_window`) has its offsets again; the
 folded row that named it is then stale for that window and no longer read for it.
@@ -65,7 +66,8 @@ def fold(conn: psycopg.Connection, job: str, through: int) -> int:
     rows = conn.execute(
         "WITH f AS (SELECT window_id, offsets, stats, skipped_at IS NOT NULL AS skipped"
         "  FROM onceflow.windows WHERE job = %(job)s AND window_id <= %(through)s"
-        "  AND offsets IS NOT NULL),"
+        # Locked: a replay's `record_stats` of one of them is waited for and its stats read.
+        "  AND offsets IS NOT NULL FOR UPDATE),"
         " u AS (UPDATE onceflow.windows w SET offsets = NULL, stats = NULL FROM f"
         "  WHERE w.job = %(job)s AND w.window_id = f.window_id)"
         " SELECT window_id, offsets, stats, skipped FROM f ORDER BY window_id",
@@ -80,13 +82,14 @@ def fold(conn: psycopg.Connection, job: str, through: int) -> int:
     # plans (a lost `windows` table rebuilt); what they still hold folded joins this row.
     older = conn.execute(
         "DELETE FROM onceflow.window_plans_folded WHERE job = %s AND first_window <= %s"
-        " AND last_window >= %s RETURNING records, skipped",
+        " AND last_window >= %s RETURNING records, skipped, folded_at",
         (job, last, first),
     ).fetchall()
+    older.sort(key=lambda r: r[2])  # a window two of them name: the newest record
     if older:
-        still = _still_folded(conn, job, first, last, older)
+        still = _still_folded(conn, job, {p.window_id for p in plans}, older)
         plans = sorted([*plans, *still], key=lambda p: p.window_id)
-        skipped = sorted({*skipped, *(int(w) for _, s in older for w in s)})
+        skipped = sorted({*skipped, *(int(w) for _, s, _ in older for w in s)})
         skipped = [w for w in skipped if w in {p.window_id for p in plans}]
         first, last = plans[0].window_id, plans[-1].window_id
     conn.execute(
@@ -105,22 +108,47 @@ def fold(conn: psycopg.Connection, job: str, through: int) -> int:
     return len(rows)
 
 
+def record_stats(conn: psycopg.Connection, job: str, window_id: int, stats: dict[str, Any]) -> bool:
+    """Put `stats` in folded window `window_id`'s record (a restatement or a replay counted it
+    again), in the caller's transaction; False when no folded row names the window."""
+    row = conn.execute(
+        "SELECT first_window, records, skipped FROM onceflow.window_plans_folded"
+        " WHERE job = %s AND first_window <= %s AND last_window >= %s"
+        " ORDER BY folded_at DESC, first_window DESC LIMIT 1 FOR UPDATE",
+        (job, window_id, window_id),
+    ).fetchone()
+    if row is None:
+        return False
+    first, records, skipped = row
+    plans = [
+        Plan(p.window_id, p.offsets, stats) if p.window_id == window_id else p
+        for p in _unpack(records)
+    ]
+    conn.execute(
+        "UPDATE onceflow.window_plans_folded SET records = %s, outputs = %s"
+        " WHERE job = %s AND first_window = %s",
+        (
+            _pack(plans),
+            json.dumps(_output_sums(plans, {int(w) for w in skipped})),
+            job,
+            first,
+        ),
+    )
+    return True
+
+
 def _still_folded(
-    conn: psycopg.Connection,
-    job: str,
-    first: int,
-    last: int,
-    older: list[tuple[Any, ...]],
+    conn: psycopg.Connection, job: str, folding: set[int], older: list[tuple[Any, ...]]
 ) -> list[Plan]:
-    """The plans of `older` rows outside `first..last` whose windows are still folded."""
-    plans = [p for records, _ in older for p in _unpack(records)]
-    outside = [p.window_id for p in plans if not first <= p.window_id <= last]
-    if not outside:
+    """The plans of `older` rows whose windows are still folded (not being folded again)."""
+    newest = {p.window_id: p for records, *_ in older for p in _unpack(records)}
+    plans = [p for w, p in sorted(newest.items()) if w not in folding]
+    if not plans:
         return []
     rows = conn.execute(
         "SELECT window_id FROM onceflow.windows WHERE job = %s AND window_id = ANY(%s)"
         " AND offsets IS NULL",
-        (job, outside),
+        (job, [p.window_id for p in plans]),
     ).fetchall()
     folded = {int(w) for (w,) in rows}
     return [p for p in plans if p.window_id in folded]
@@ -151,9 +179,18 @@ def _pack(plans: Iterable[Plan]) -> bytes:
     return gzip.compress("\n".join(lines).encode(), mtime=0)
 
 
-def _unpack(records: Any) -> list[Plan]:
+_LINE_START = '{"window":'
+
+
+def _unpack(records: Any, only: Collection[int] | None = None) -> list[Plan]:
+    """The plans of a folded row (those of `only` if given: the rest are not parsed)."""
     out = []
     for line in gzip.decompress(bytes(records)).decode().splitlines():
+        if only is not None:
+            # Each line starts with its window (`_pack`): 5,000 parsed to read one cost 30 ms.
+            end = line.index(",", len(_LINE_START))
+            if int(line[len(_LINE_START) : end]) not in only:
+                continue
         entry = json.loads(line)
         out.append(Plan(int(entry["window"]), dict(entry["offsets"]), entry["stats"]))
     return out
@@ -176,9 +213,8 @@ def unfold(conn: psycopg.Connection, job: str, window_ids: Iterable[int]) -> dic
     asked = set(wanted)
     found: dict[int, Plan] = {}
     for (records,) in rows:
-        for plan in _unpack(records):
-            if plan.window_id in asked:
-                found[plan.window_id] = plan
+        for plan in _unpack(records, asked):
+            found[plan.window_id] = plan
     missing = [w for w in wanted if w not in found]
     if missing:
         raise LedgerError(

@@ -453,16 +453,16 @@ class Ledger(Restatements, Abandonments):
         return {int(w) for (w,) in rows}
 
     def record_stats(self, window_id: int, stats: dict[str, Any]) -> None:
-        self.write(
-            f"record window {window_id}'s stats",
-            lambda conn: conn.execute(
-                # A folded window's stats stay in its folded row (a replay of it counts the
-                # same rows).
+        def record(conn: psycopg.Connection) -> None:
+            cur = conn.execute(
                 "UPDATE onceflow.windows SET stats = %s WHERE job = %s AND window_id = %s"
                 " AND offsets IS NOT NULL",
                 (json.dumps(stats), self.job, window_id),
-            ),
-        )
+            )
+            if not cur.rowcount:  # folded past the detail horizon (or not planned)
+                plans_folded.record_stats(conn, self.job, window_id, stats)
+
+        self.write(f"record window {window_id}'s stats", record)
 
     def record_commits(
         self,

@@ -21,6 +21,7 @@ import psutil
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg.types.json import Jsonb
 
 from onceflow import _plans_folded as plans_folded
 from onceflow import ops
@@ -462,7 +463,9 @@ def test_folded_plans_answer_the_quality_sums_by_their_totals_or_window_by_windo
     generate_payments(landing, records=900, files=5, duplicate_rate=0.2, invalid_rate=0.1, seed=21)
     job = get_job(JOB)
     Engine(job, settings, spark, pg_dsn).run(max_units_per_window=1)  # windows 1-5
-    stats = {w.window_id: w.stats for w in Engine(job, settings, spark, pg_dsn).ledger.windows()}
+    planned = Engine(job, settings, spark, pg_dsn).ledger.windows()
+    stats = {w.window_id: w.stats for w in planned}
+    offsets = {w.window_id: w.offsets for w in planned}
     counts = {w: int(s["outputs"]["payments"]) for w, s in stats.items()}
     ops.maintain(job, settings, dsn=pg_dsn, jobs=[job], keep_detail_days=0)
     assert _folded_rows(pg_dsn) == (5, 1)
@@ -476,6 +479,21 @@ def test_folded_plans_answer_the_quality_sums_by_their_totals_or_window_by_windo
         assert gap == plans_folded.OutputSums(0, sum(counts.values()) - counts[2], counts[2])
         cut = plans_folded.output_sums(conn, JOB, "payments", set(), through=3)
         assert cut == plans_folded.OutputSums(0, counts[1] + counts[2] + counts[3], 0)
+    # A folded window counted again (a restatement whose transform keeps other rows) has its
+    # new stats where its plan is: read back, and in the sums.
+    ledger = Engine(job, settings, spark, pg_dsn).ledger
+    again = {**stats[3], "outputs": {**stats[3]["outputs"], "payments": counts[3] + 7}}
+    ledger.record_stats(3, again)
+    assert ledger.window(3).stats == again  # type: ignore[union-attr]
+    assert ledger.window(3).offsets == offsets[3]  # type: ignore[union-attr]
+    assert _folded_rows(pg_dsn) == (5, 1)
+    with psycopg.connect(pg_dsn) as conn:
+        assert (
+            plans_folded.output_sums(conn, JOB, "payments", set()).rows == sum(counts.values()) + 7
+        )
+        assert plans_folded.output_sums(conn, JOB, "payments", {1}).rows == (
+            sum(counts.values()) + 7 - counts[1]
+        )
 
 
 def test_a_lost_delta_table_is_replayed_from_folded_plans_while_maintenance_folds(
@@ -576,3 +594,42 @@ def test_a_folded_window_is_restated_from_its_folded_plan(
         "quarantine": True,
     }, diffs
     assert _folded_rows(pg_dsn) == (4, 1)
+
+
+def test_a_plan_put_back_in_a_folded_range_is_folded_again_with_the_rest_kept(
+    spark: Any, settings: Settings, pg_dsn: str, landing: Path
+) -> None:
+    """Windows 2 and 4 put back with their plans (as a rebuild after a lost `windows` table
+    does) and the detail horizon forgotten: the next fold takes them again and keeps every
+    other window of the old folded row, window 3 between them too; every plan reads as it
+    did."""
+    generate_payments(landing, records=600, files=5, duplicate_rate=0.1, seed=24)
+    job = get_job(JOB)
+    Engine(job, settings, spark, pg_dsn).run(max_units_per_window=1)  # windows 1-5
+    planned = [
+        dataclasses.astuple(w) for w in Engine(job, settings, spark, pg_dsn).ledger.windows()
+    ]
+    ops.maintain(job, settings, dsn=pg_dsn, jobs=[job], keep_detail_days=0)
+    assert _folded_rows(pg_dsn) == (5, 1)
+    with psycopg.connect(pg_dsn) as conn:
+        for window in (planned[1], planned[3]):
+            conn.execute(
+                "UPDATE onceflow.windows SET offsets = %s, stats = %s WHERE job = %s"
+                " AND window_id = %s",
+                (Jsonb(window[2]), Jsonb(window[4]), JOB, window[1]),
+            )
+        conn.execute("DELETE FROM onceflow.detail_pruned WHERE job = %s", (JOB,))
+    assert _folded_rows(pg_dsn) == (3, 1)
+    again = ops.maintain(job, settings, dsn=pg_dsn, jobs=[job], keep_detail_days=0)
+    assert again.detail.folded_plans == 2
+    assert _folded_rows(pg_dsn) == (5, 1)
+    assert [
+        dataclasses.astuple(w) for w in Engine(job, settings, spark, pg_dsn).ledger.windows()
+    ] == planned
+    with psycopg.connect(pg_dsn) as conn:
+        row = conn.execute(
+            "SELECT first_window, last_window, windows FROM onceflow.window_plans_folded"
+            " WHERE job = %s",
+            (JOB,),
+        ).fetchone()
+    assert row == (1, 5, 5)
