@@ -456,10 +456,12 @@ def test_a_restatement_racing_the_drop_is_applied_whole_or_refused(
 
 
 def test_folded_plans_answer_the_quality_sums_by_their_totals_or_window_by_window(
-    spark: Any, settings: Settings, pg_dsn: str, landing: Path
+    spark: Any, settings: Settings, pg_dsn: str, landing: Path, monkeypatch: Any
 ) -> None:
-    """A folded row's sums where it holds every window asked about; its plans one by one
-    where a window is abandoned for the sink or the point cuts through it: the same counts."""
+    """The folded rows' sums where they hold every window asked about; their plans one by
+    one where a window is abandoned for the sink or the point cuts through a row: the same
+    counts. Two windows a folded row: rows [1, 2], [3, 4], [5]."""
+    monkeypatch.setattr(plans_folded, "ROW_WINDOWS", 2)
     generate_payments(landing, records=900, files=5, duplicate_rate=0.2, invalid_rate=0.1, seed=21)
     job = get_job(JOB)
     Engine(job, settings, spark, pg_dsn).run(max_units_per_window=1)  # windows 1-5
@@ -468,7 +470,7 @@ def test_folded_plans_answer_the_quality_sums_by_their_totals_or_window_by_windo
     offsets = {w.window_id: w.offsets for w in planned}
     counts = {w: int(s["outputs"]["payments"]) for w, s in stats.items()}
     ops.maintain(job, settings, dsn=pg_dsn, jobs=[job], keep_detail_days=0)
-    assert _folded_rows(pg_dsn) == (5, 1)
+    assert _folded_rows(pg_dsn) == (5, 3)
     with psycopg.connect(pg_dsn) as conn:
         whole = plans_folded.output_sums(conn, JOB, "payments", set())
         assert whole == plans_folded.OutputSums(0, sum(counts.values()), 0)
@@ -486,7 +488,7 @@ def test_folded_plans_answer_the_quality_sums_by_their_totals_or_window_by_windo
     ledger.record_stats(3, again)
     assert ledger.window(3).stats == again  # type: ignore[union-attr]
     assert ledger.window(3).offsets == offsets[3]  # type: ignore[union-attr]
-    assert _folded_rows(pg_dsn) == (5, 1)
+    assert _folded_rows(pg_dsn) == (5, 3)
     with psycopg.connect(pg_dsn) as conn:
         assert (
             plans_folded.output_sums(conn, JOB, "payments", set()).rows == sum(counts.values()) + 7
@@ -597,12 +599,13 @@ def test_a_folded_window_is_restated_from_its_folded_plan(
 
 
 def test_a_plan_put_back_in_a_folded_range_is_folded_again_with_the_rest_kept(
-    spark: Any, settings: Settings, pg_dsn: str, landing: Path
+    spark: Any, settings: Settings, pg_dsn: str, landing: Path, monkeypatch: Any
 ) -> None:
     """Windows 2 and 4 put back with their plans (as a rebuild after a lost `windows` table
     does) and the detail horizon forgotten: the next fold takes them again and keeps every
-    other window of the old folded row, window 3 between them too; every plan reads as it
-    did."""
+    other window of the old folded rows, window 3 between them too; every plan reads as it
+    did. Two windows a folded row: [1, 2], [3, 4], [5], then [1, 2] and [3, 4] made again."""
+    monkeypatch.setattr(plans_folded, "ROW_WINDOWS", 2)
     generate_payments(landing, records=600, files=5, duplicate_rate=0.1, seed=24)
     job = get_job(JOB)
     Engine(job, settings, spark, pg_dsn).run(max_units_per_window=1)  # windows 1-5
@@ -610,7 +613,7 @@ def test_a_plan_put_back_in_a_folded_range_is_folded_again_with_the_rest_kept(
         dataclasses.astuple(w) for w in Engine(job, settings, spark, pg_dsn).ledger.windows()
     ]
     ops.maintain(job, settings, dsn=pg_dsn, jobs=[job], keep_detail_days=0)
-    assert _folded_rows(pg_dsn) == (5, 1)
+    assert _folded_rows(pg_dsn) == (5, 3)
     with psycopg.connect(pg_dsn) as conn:
         for window in (planned[1], planned[3]):
             conn.execute(
@@ -619,17 +622,17 @@ def test_a_plan_put_back_in_a_folded_range_is_folded_again_with_the_rest_kept(
                 (Jsonb(window[2]), Jsonb(window[4]), JOB, window[1]),
             )
         conn.execute("DELETE FROM onceflow.detail_pruned WHERE job = %s", (JOB,))
-    assert _folded_rows(pg_dsn) == (3, 1)
+    assert _folded_rows(pg_dsn) == (3, 3)
     again = ops.maintain(job, settings, dsn=pg_dsn, jobs=[job], keep_detail_days=0)
     assert again.detail.folded_plans == 2
-    assert _folded_rows(pg_dsn) == (5, 1)
+    assert _folded_rows(pg_dsn) == (5, 3)
     assert [
         dataclasses.astuple(w) for w in Engine(job, settings, spark, pg_dsn).ledger.windows()
     ] == planned
     with psycopg.connect(pg_dsn) as conn:
-        row = conn.execute(
+        rows = conn.execute(
             "SELECT first_window, last_window, windows FROM onceflow.window_plans_folded"
-            " WHERE job = %s",
+            " WHERE job = %s ORDER BY first_window",
             (JOB,),
-        ).fetchone()
-    assert row == (1, 5, 5)
+        ).fetchall()
+    assert rows == [(1, 2, 2), (3, 4, 2), (5, 5, 1)]
