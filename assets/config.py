@@ -59,3 +59,14 @@ class RecoveryConfig(Config):
     reconcile: Literal["incremental", "full", "off"] = "incremental"
     dry_run: bool = False
     verify_last: int = Field(default=1000, ge=0)
+
+
+class MaintenanceConfig(Config):
+    """What a maintenance run keeps.
+
+    Attributes:
+        keep_detail_days: Windows planned within this many days keep their per-window detail
+            (lineage rows, contributions, unfolded commit markers and plans); empty: 30.
+    """
+
+    keep_detail_days: float | None = Field(default=None, ge=0)

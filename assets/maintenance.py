@@ -24,6 +24,7 @@ from dagster import (
     op,
 )
 
+from assets.config import MaintenanceConfig
 from assets.runs import iter_at_boundary
 from onceflow import Job, ops
 from resources import OnceflowSettingsResource, PostgresResource
@@ -68,13 +69,18 @@ def build_maintenance(spec: Job, *, cron: str = MAINTENANCE_CRON) -> tuple[Any, 
     @typed
     def _maintain(
         context: OpExecutionContext,
+        config: MaintenanceConfig,
         postgres: PostgresResource,
         onceflow: OnceflowSettingsResource,
     ) -> Iterator[Any]:
         def events() -> Iterator[Any]:
             settings = onceflow.settings()
             result = ops.maintain(
-                spec, settings, dsn=postgres.resolve(settings.home), run_id=context.run_id
+                spec,
+                settings,
+                dsn=postgres.resolve(settings.home),
+                run_id=context.run_id,
+                keep_detail_days=config.keep_detail_days,
             )
             for line in result.lines():
                 context.log.info(line)
