@@ -185,9 +185,14 @@ def test_maintenance_killed_at_random_while_payments_runs(
     took = 3.0  # how long the last maintenance that finished took
     while run.proc.poll() is None:
         started = time.monotonic()
-        maintain = CliRun(["maintain", "payments", "--orphan-age-s", "0"], env, home / "logs")
+        maintain = CliRun(
+            ["maintain", "payments", "--orphan-age-s", "0", "--keep-detail-days", "0"],
+            env,
+            home / "logs",
+        )
         # Every other maintenance process is killed at a random point of what one takes
-        # (start-up, compaction, vacuum, log cleanup); the others finish.
+        # (start-up, compaction, vacuum, log cleanup, the ledger's detail dropped and its
+        # markers and plans folded); the others finish.
         if attempt % 2 == 1:
             time.sleep(rng.uniform(0.3, 0.95) * took)
             if maintain.proc.poll() is None:
@@ -203,12 +208,19 @@ def test_maintenance_killed_at_random_while_payments_runs(
     assert first.returncode in (0, 3), first.stderr[-2000:]
     again = CliRun(["run", "payments"], env, home / "logs").finish()
     assert again.returncode == 0, again.stderr[-2000:]
-    done = CliRun(["maintain", "payments", "--orphan-age-s", "0"], env, home / "logs").finish()
+    done = CliRun(
+        ["maintain", "payments", "--orphan-age-s", "0", "--keep-detail-days", "0"],
+        env,
+        home / "logs",
+    ).finish()
     assert done.returncode == 0, done.stderr[-2000:]
     totals = CliRun(["run", "daily_totals"], env, home / "logs").finish()
     assert totals.returncode == 0, totals.stderr[-2000:]
 
+    assert _folded_plans(pg_dsn, "payments") == 8  # every window, folded by the last one
     assert_exact(expected_outputs(landing), actual_outputs(pg_dsn, lake))
+    report = reconcile(Engine(get_job("payments"), settings, spark, pg_dsn))
+    assert all(s.clean for s in report.sinks), format_report(report)
     diff = assert_totals_exact(_both_oracles(landing, lake), pg_dsn, "maintenance killed")
     assert diff.lost == diff.doubled == 0
     print(f"maintenance processes killed: {killed}, finished: {finished}")
