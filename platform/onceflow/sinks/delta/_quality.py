@@ -4,9 +4,12 @@ row count the ledger's window stats say the windows the table committed hold."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import psycopg
 from deltalake import DeltaTable
 from psycopg import sql
 
@@ -225,14 +228,15 @@ def _check_delta(target: DeltaTableTarget, run: CheckRun) -> tuple[str, list[Che
         run.timings[f"{job}.{target.sink}:spark"] = time.perf_counter() - started
         ledger["delta_version"] = snapshot
         ledger["committed_window"] = committed if committed is not None else 0
-        row = conn.execute(
-            sql.SQL(_DELTA_LEDGER).format(abandoned=run.abandoned(target.sink)),
-            {"job": job, "output": target.expected_output, "version": committed or 0},
-        ).fetchone()
+        with _snapshot(conn):  # the windows' rows and the folded ones as of one moment
+            row = conn.execute(
+                sql.SQL(_DELTA_LEDGER).format(abandoned=run.abandoned(target.sink)),
+                {"job": job, "output": target.expected_output, "version": committed or 0},
+            ).fetchone()
+            folded = plans_folded.output_sums(
+                conn, job, target.expected_output, _abandoned(run, target.sink), committed or 0
+            )
         windows, without_stats, expected, gap_rows = (int(v) for v in row) if row else (0, 0, 0, 0)
-        folded = plans_folded.output_sums(
-            conn, job, target.expected_output, _abandoned(run, target.sink), committed or 0
-        )
         without_stats += folded.without_count
         expected += folded.rows
         gap_rows += folded.abandoned_rows
@@ -244,14 +248,15 @@ def _check_delta(target: DeltaTableTarget, run: CheckRun) -> tuple[str, list[Che
         measured = {AGG_ROWS: 0, AGG_DUPLICATE_KEYS: 0, AGG_EXTRA_COPIES: 0}
         measured.update({agg_nulls(c): 0 for c in target.not_null})
         measured.update({agg_mismatches(c): 0 for c in target.regex})
-        row = conn.execute(
-            sql.SQL(_DELTA_LEDGER_COMPLETED).format(abandoned=run.abandoned(target.sink)),
-            {"job": job, "output": target.expected_output},
-        ).fetchone()
-        expected = int(row[0]) if row else 0
-        expected += plans_folded.output_sums(
-            conn, job, target.expected_output, _abandoned(run, target.sink)
-        ).rows
+        with _snapshot(conn):
+            row = conn.execute(
+                sql.SQL(_DELTA_LEDGER_COMPLETED).format(abandoned=run.abandoned(target.sink)),
+                {"job": job, "output": target.expected_output},
+            ).fetchone()
+            folded = plans_folded.output_sums(
+                conn, job, target.expected_output, _abandoned(run, target.sink)
+            )
+        expected = (int(row[0]) if row else 0) + folded.rows
         ledger["table_missing"] = 1
     suite = delta_aggregate_suite(job, target, expected)
 
@@ -287,3 +292,12 @@ def _abandoned(run: CheckRun, sink: str) -> set[int]:
         (run.job,),
     ).fetchall()
     return {int(w) for (w,) in rows}
+
+
+@contextmanager
+def _snapshot(conn: psycopg.Connection) -> Iterator[None]:
+    """One read-only snapshot for the statements inside: a maintenance folding windows
+    between them would have them counted in the rows and in the folded sums both."""
+    with conn.transaction():
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        yield
