@@ -40,6 +40,7 @@ from tests.support.cli import CliRun
 from tests.support.flat_fee_payments import FLAT_FEE
 from tests.support.oracle import expected_outputs, visible_files
 from tests.support.outputs import actual_outputs, assert_exact, diff_outputs
+from tests.support.pgproxy import PgProxy
 
 JOB = "payments"
 
@@ -636,3 +637,41 @@ def test_a_plan_put_back_in_a_folded_range_is_folded_again_with_the_rest_kept(
             (JOB,),
         ).fetchall()
     assert rows == [(1, 2, 2), (3, 4, 2), (5, 5, 1)]
+
+
+def test_folds_whose_answers_are_lost_are_decided_by_what_they_folded(
+    spark: Any, settings: Settings, pg_dsn: str, landing: Path
+) -> None:
+    """Maintenance through a network that loses answers (a proxy): first the answer to the
+    COMMIT of the transaction that drops the detail and folds the plans (it applied), then a
+    share of every answer, COMMITs included. Every window folded once, none lost, every plan
+    reads as it did."""
+    generate_payments(landing, records=800, files=6, duplicate_rate=0.1, invalid_rate=0.05, seed=25)
+    job = get_job(JOB)
+    Engine(job, settings, spark, pg_dsn).run(max_units_per_window=1)  # windows 1-6
+    planned = [
+        dataclasses.astuple(w) for w in Engine(job, settings, spark, pg_dsn).ledger.windows()
+    ]
+    with PgProxy(pg_dsn) as proxy:
+        through = proxy.dsn(str(psycopg.conninfo.conninfo_to_dict(pg_dsn)["dbname"]))
+        via = dataclasses.replace(settings, postgres_dsn=through)
+        with psycopg.connect(pg_dsn) as conn:  # windows 1-3 past the horizon, 4-6 within it
+            conn.execute(
+                "UPDATE onceflow.windows SET planned_at = now() - interval '2 days'"
+                " WHERE job = %s AND window_id <= 3",
+                (JOB,),
+            )
+        proxy.lose_commit_of("SELECT 1 FROM onceflow.jobs WHERE job")
+        first = ops.maintain(job, via, dsn=through, jobs=[job], keep_detail_days=1)
+        assert proxy.lost("commit") == 1
+        assert (first.detail.through, _folded_rows(pg_dsn)) == (3, (3, 1))
+        proxy.flaky(commits=0.2, replies=0.05, seed=26)
+        second = ops.maintain(job, via, dsn=through, jobs=[job], keep_detail_days=0)
+        proxy.flaky()
+        print(f"\nanswers lost: {proxy.lost('commit')} COMMITs, {proxy.lost('reply')} others")
+        assert proxy.lost() > 2
+    assert second.detail.through == 6 and _folded_rows(pg_dsn) == (6, 2)
+    assert [
+        dataclasses.astuple(w) for w in Engine(job, settings, spark, pg_dsn).ledger.windows()
+    ] == planned
+    assert ops.validate(job, settings, spark=spark, dsn=pg_dsn).passed
