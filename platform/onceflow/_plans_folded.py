@@ -33,6 +33,7 @@ import psycopg
 from psycopg import sql
 
 from onceflow.errors import LedgerError
+from onceflow.windows import format_windows
 
 FOLDED_DDL = """
 CREATE TABLE IF NOT EXISTS onceflow.window_plans_folded (
@@ -168,8 +169,9 @@ def _output_sums(plans: Iterable[Plan], skipped: set[int]) -> dict[str, list[int
     for plan in plans:
         if plan.window_id in skipped:
             continue
-        for name, rows in ((plan.stats or {}).get("outputs") or {}).items():
-            if isinstance(rows, int) and not isinstance(rows, bool):
+        for name in (plan.stats or {}).get("outputs") or {}:
+            rows = _count(plan, str(name))
+            if rows is not None:
                 entry = sums.setdefault(str(name), [0, 0])
                 entry[0] += 1
                 entry[1] += rows
@@ -226,7 +228,7 @@ def unfold(conn: psycopg.Connection, job: str, window_ids: Iterable[int]) -> dic
     missing = [w for w in wanted if w not in found]
     if missing:
         raise LedgerError(
-            f"job {job!r}: the plans of windows {_ids(missing)} were folded past the detail "
+            f"job {job!r}: the plans of windows {format_windows(missing)} were folded past the detail "
             "horizon, and onceflow.window_plans_folded no longer holds them. Restore that "
             "table from a backup of the ledger; nothing was computed."
         )
@@ -325,18 +327,18 @@ def _output_sums_by_window(
     skipped = {int(w) for w, s in ids if s}
     without = rows = gap = 0
     for window_id, plan in unfold(conn, job, [int(w) for w, _ in ids]).items():
-        count = ((plan.stats or {}).get("outputs") or {}).get(output)
-        number = isinstance(count, int) and not isinstance(count, bool)
+        count = _count(plan, output)
         if window_id in abandoned:
-            gap += int(count) if number else 0
+            gap += count or 0
         elif window_id not in skipped:
-            if number:
-                rows += int(count)
+            if count is not None:
+                rows += count
             else:
                 without += 1
     return OutputSums(without, rows, gap)
 
 
-def _ids(windows: list[int]) -> str:
-    shown = ", ".join(str(w) for w in windows[:10])
-    return shown + (f" and {len(windows) - 10} more" if len(windows) > 10 else "")
+def _count(plan: Plan, output: str) -> int | None:
+    """`output`'s rows in the plan's stats (None when they hold no number for it)."""
+    count = ((plan.stats or {}).get("outputs") or {}).get(output)
+    return count if isinstance(count, int) and not isinstance(count, bool) else None

@@ -14,6 +14,8 @@ import shutil
 import signal
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -170,6 +172,32 @@ def _lineage_sums(dsn: str) -> dict[str, tuple[int, int]]:
     return {str(s): (int(n), int(r)) for s, n, r in rows}
 
 
+@contextmanager
+def _maintained(job: Any, settings: Settings, dsn: str) -> Iterator[list[Any]]:
+    """Maintenance (every window past the detail horizon) over and over in a thread while
+    the body runs; yields its results as they come, and fails if one raised."""
+    stop = threading.Event()
+    results: list[Any] = []
+    errors: list[BaseException] = []
+
+    def keep_maintaining() -> None:
+        while not stop.is_set():
+            try:
+                results.append(ops.maintain(job, settings, dsn=dsn, jobs=[job], keep_detail_days=0))
+            except Exception as exc:
+                errors.append(exc)
+            time.sleep(0.1)
+
+    thread = threading.Thread(target=keep_maintaining)
+    thread.start()
+    try:
+        yield results
+    finally:
+        stop.set()
+        thread.join()
+    assert not errors, errors
+
+
 @pytest.fixture()
 def settings(tmp_path: Path, pg_dsn: str, lake: Path, landing: Path) -> Settings:
     return Settings(home=tmp_path / "home", postgres_dsn=pg_dsn, lake=lake, landing=landing)
@@ -301,28 +329,8 @@ def test_detail_dropped_again_and_again_while_a_run_commits_its_windows(
     generate_payments(landing, records=900, files=6, duplicate_rate=0.2, invalid_rate=0.1, seed=15)
     files = visible_files(landing)
     job = get_job(JOB)
-    stop = threading.Event()
-    results: list[Any] = []
-    errors: list[BaseException] = []
-
-    def keep_maintaining() -> None:
-        while not stop.is_set():
-            try:
-                results.append(
-                    ops.maintain(job, settings, dsn=pg_dsn, jobs=[job], keep_detail_days=0)
-                )
-            except Exception as exc:
-                errors.append(exc)
-            time.sleep(0.1)
-
-    thread = threading.Thread(target=keep_maintaining)
-    thread.start()
-    try:
+    with _maintained(job, settings, pg_dsn) as results:
         Engine(job, settings, spark, pg_dsn).run(max_units_per_window=1)
-    finally:
-        stop.set()
-        thread.join()
-    assert not errors, errors
     assert any(r.detail.contribution_rows for r in results), [r.detail for r in results]
     assert_exact(
         expected_outputs(landing, windows=[[f] for f in files]), actual_outputs(pg_dsn, lake)
@@ -518,28 +526,11 @@ def test_a_lost_delta_table_is_replayed_from_folded_plans_while_maintenance_fold
     with pytest.raises(SinkStateError, match="lacks windows 1-4"):
         Engine(job, settings, spark, pg_dsn).run(max_units_per_window=1)
 
-    stop = threading.Event()
-    errors: list[BaseException] = []
-
-    def keep_maintaining() -> None:
-        while not stop.is_set():
-            try:
-                ops.maintain(job, settings, dsn=pg_dsn, jobs=[job], keep_detail_days=0)
-            except Exception as exc:
-                errors.append(exc)
-            time.sleep(0.05)
-
-    thread = threading.Thread(target=keep_maintaining)
-    thread.start()
-    try:
+    with _maintained(job, settings, pg_dsn):
         report = reconcile(Engine(job, settings, spark, pg_dsn))
         assert report.replayed == {"lake_payments": [1, 2, 3, 4]} and report.clean, report
         result = Engine(job, settings, spark, pg_dsn).run(max_units_per_window=1)
         assert [w.window_id for w in result.windows] == [5, 6]
-    finally:
-        stop.set()
-        thread.join()
-    assert not errors, errors
     assert_exact(
         expected_outputs(landing, windows=[[f] for f in files]), actual_outputs(pg_dsn, lake)
     )
